@@ -1,0 +1,212 @@
+"""Loads the kernel library `libblochsim_cpu.so` with ctypes and checks it matches this package.
+
+The library exposes the C ABI of `csrc/capi.h`; the ctypes structures below mirror it field for field.
+The library is found beside this file (the installed wheel) or at `BLOCHSIM_CPU_LIBRARY` (a development
+build). It is loaded on first use, so importing blochsim never fails for want of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from ._version import __version__
+
+__all__ = ["ABI_VERSION", "NUM_TISSUE", "TISSUE_PARAMS", "NativeLibraryError", "cpu_library", "check_status"]
+
+#: The ABI this Python package speaks (BS_ABI_VERSION in csrc/capi.h).
+ABI_VERSION = 1
+
+#: Tissue properties of the kernels, in the order of `enum bs_tissue_param`.
+TISSUE_PARAMS = (
+    "t1_ms",
+    "t2_ms",
+    "m0",
+    "b1",
+    "b1_phase_rad",
+    "b0_hz",
+    "inversion_efficiency",
+    "diffusion_um2_per_ms",
+    "velocity_m_per_s",
+)
+NUM_TISSUE = len(TISSUE_PARAMS)
+
+PATH_REAL, PATH_COMPLEX = 0, 1
+FLOAT32, FLOAT64 = 0, 1
+
+# Packed action bits (enum bs_action).
+CRUSH_BEFORE, CRUSH_AFTER, INVERSION, SPOIL_AFTER, SHIFT_AFTER = 1, 2, 4, 8, 16
+RECORD, ROTATE, INTERVAL = 32, 64, 256
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+
+
+class Program(ctypes.Structure):
+    _fields_ = [
+        ("num_events", _i64),
+        ("num_repetitions", _i64),
+        ("num_samples", _i64),
+        ("num_states", _i64),
+        ("path", _i32),
+        ("checkpoint_stride", _i32),
+        ("action", _p),
+        ("record", _p),
+        ("dt_s", _p),
+        ("dt_wrap_s", _p),
+        ("flip_rad", _p),
+        ("phase_rad", _p),
+        ("crusher_dk_rad_per_m", ctypes.c_double),
+        ("voxel_size_m", ctypes.c_double),
+    ]
+
+
+class Tissue(ctypes.Structure):
+    _fields_ = [("num_voxels", _i64), ("data", _p * NUM_TISSUE), ("stride", _i64 * NUM_TISSUE)]
+
+
+class Tangents(ctypes.Structure):
+    _fields_ = [
+        ("count", _i32),
+        ("tissue", _p * NUM_TISSUE),
+        ("tissue_stride_p", _i64 * NUM_TISSUE),
+        ("tissue_stride_v", _i64 * NUM_TISSUE),
+        ("dt_s", _p),
+        ("dt_wrap_s", _p),
+        ("flip_rad", _p),
+        ("phase_rad", _p),
+    ]
+
+
+class Grads(ctypes.Structure):
+    _fields_ = [("dt_s", _p), ("dt_wrap_s", _p), ("flip_rad", _p), ("phase_rad", _p), ("tissue", _p * NUM_TISSUE)]
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("dtype", _i32),
+        ("num_threads", _i32),
+        ("stream", _p),
+        ("program", Program),
+        ("tissue", Tissue),
+        ("signal", _p),
+    ]
+
+
+class JvpArgs(ctypes.Structure):
+    _fields_ = [
+        ("dtype", _i32),
+        ("num_threads", _i32),
+        ("stream", _p),
+        ("program", Program),
+        ("tissue", Tissue),
+        ("tangents", Tangents),
+        ("signal", _p),
+        ("signal_tangent", _p),
+    ]
+
+
+class VjpArgs(ctypes.Structure):
+    _fields_ = [
+        ("dtype", _i32),
+        ("num_threads", _i32),
+        ("stream", _p),
+        ("program", Program),
+        ("tissue", Tissue),
+        ("cotangent", _p),
+        ("grads", Grads),
+    ]
+
+
+class VjpJvpArgs(ctypes.Structure):
+    _fields_ = [
+        ("dtype", _i32),
+        ("num_threads", _i32),
+        ("stream", _p),
+        ("program", Program),
+        ("tissue", Tissue),
+        ("tangents", Tangents),
+        ("cotangent", _p),
+        ("cotangent_tangent", _p),
+        ("grads", Grads),
+        ("grads_tangent", Grads),
+        ("signal", _p),
+        ("signal_tangent", _p),
+    ]
+
+
+class NativeLibraryError(ImportError):
+    """The kernel library is missing, or was built for another ABI or release of blochsim."""
+
+
+_ENTRY_POINTS = {
+    "bs_epg_forward": ForwardArgs,
+    "bs_epg_jvp": JvpArgs,
+    "bs_epg_vjp": VjpArgs,
+    "bs_epg_vjp_jvp": VjpJvpArgs,
+}
+
+
+def _candidates() -> list[Path]:
+    env = os.environ.get("BLOCHSIM_CPU_LIBRARY")
+    if env:
+        return [Path(env)]
+    return [Path(__file__).resolve().parent / "libblochsim_cpu.so"]
+
+
+def load_library(path: Path, *, expected_abi: int = ABI_VERSION, expected_version: str = __version__):
+    """Load the library at `path` and check its ABI and release against this package."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeLibraryError(f"cannot load the blochsim kernel library {path}: {exc}") from exc
+    lib.bs_abi_version.restype = ctypes.c_int32
+    lib.bs_version.restype = ctypes.c_char_p
+    lib.bs_last_error.restype = ctypes.c_char_p
+    abi = lib.bs_abi_version()
+    if abi != expected_abi:
+        raise NativeLibraryError(
+            f"the kernel library {path} speaks ABI version {abi}, but this blochsim {expected_version} "
+            f"needs ABI version {expected_abi}: reinstall blochsim (pip install --force-reinstall blochsim)"
+        )
+    built = lib.bs_version().decode()
+    if built != expected_version:
+        raise NativeLibraryError(
+            f"the kernel library {path} was built for blochsim {built}, but this is blochsim "
+            f"{expected_version}: reinstall blochsim so both come from one release"
+        )
+    for name, args in _ENTRY_POINTS.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.POINTER(args)]
+    return lib
+
+
+_cpu = None
+
+
+def cpu_library():
+    """The loaded host kernel library (loaded and checked on first call)."""
+    global _cpu
+    if _cpu is None:
+        errors = []
+        for path in _candidates():
+            if path.exists():
+                _cpu = load_library(path)
+                break
+            errors.append(str(path))
+        else:
+            raise NativeLibraryError(
+                "the blochsim kernel library libblochsim_cpu.so was not found (looked at "
+                + ", ".join(errors)
+                + "): install blochsim with pip, which compiles it, or set BLOCHSIM_CPU_LIBRARY to a build of it"
+            )
+    return _cpu
+
+
+def check_status(lib, status: int, entry: str) -> None:
+    """Raise RuntimeError with the library's message when an entry point failed."""
+    if status != 0:
+        raise RuntimeError(f"{entry} failed: {lib.bs_last_error().decode()}")

@@ -1,0 +1,159 @@
+"""The kernels as torch.autograd.Functions (DESIGN.md section 4).
+
+| Function       | kernel                | gives                                                     |
+| -------------- | --------------------- | --------------------------------------------------------- |
+| `EpgSimulate`  | forward; JVP (jvp)    | the signal; `torch.func.jvp` and forward-mode AD           |
+| `EpgVjp`       | VJP (checkpointed)    | `backward()` of the signal                                 |
+| `EpgJacobian`  | JVP with P tangents   | the signal and its Jacobian along P tissue properties      |
+| (backwards)    | VJP-JVP               | the backward of a gradient (HVP) or of a Jacobian          |
+
+A third derivative raises RuntimeError: the second-order results come out of `_NoThirdOrder`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels as K
+
+__all__ = ["EpgSimulate", "EpgVjp", "EpgJacobian", "THIRD_ORDER_MESSAGE"]
+
+THIRD_ORDER_MESSAGE = (
+    "blochsim gives first and second derivatives only: no third-order pass exists "
+    "(differentiate a gradient or a Jacobian once, not twice)"
+)
+
+
+class _NoThirdOrder(torch.autograd.Function):
+    """Identity on second-order results, wired to the inputs they depend on; its backward refuses."""
+
+    @staticmethod
+    def forward(ctx, n, *args):
+        return tuple(a.clone() for a in args[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(THIRD_ORDER_MESSAGE)
+
+
+def _second_order(results: list, depends_on: list) -> list:
+    """Route the present results through _NoThirdOrder when a graph is being recorded."""
+    present = [r for r in results if r is not None]
+    if not present or not torch.is_grad_enabled():
+        return results
+    deps = [d for d in depends_on if isinstance(d, torch.Tensor) and d.requires_grad]
+    if not deps:
+        return results
+    routed = iter(_NoThirdOrder.apply(len(present), *present, *deps))
+    return [None if r is None else next(routed) for r in results]
+
+
+def _as_tangent(t, like):
+    """A tangent for one input, shaped [1, *like.shape], or None."""
+    if t is None or like is None:
+        return None
+    return t.detach().to(like.dtype).reshape((1,) + tuple(like.shape))
+
+
+class EpgSimulate(torch.autograd.Function):
+    """signal = EpgSimulate.apply(static, dt_s, dt_wrap_s, flip_rad, phase_rad, *tissue)."""
+
+    @staticmethod
+    def forward(static, *inputs):
+        return K.forward(static, inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.static = inputs[0]
+        ctx.save_for_backward(*inputs[1:])
+        ctx.save_for_forward(*inputs[1:])
+
+    @staticmethod
+    def backward(ctx, grad_signal):
+        inputs = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[1:])
+        grads = EpgVjp.apply(ctx.static, wanted, grad_signal, *inputs)
+        grads = iter(grads)
+        return (None, *[next(grads) if w else None for w in wanted])
+
+    @staticmethod
+    def jvp(ctx, _static_tangent, *tangents):
+        inputs = ctx.saved_tensors
+        tangents = [_as_tangent(t, x) for t, x in zip(tangents, inputs, strict=True)]
+        if all(t is None for t in tangents):
+            return torch.zeros((ctx.static.num_voxels, ctx.static.num_samples), dtype=K._complex(ctx.static.dtype))
+        _, signal_tangent = K.jvp(ctx.static, inputs, tangents)
+        return signal_tangent[0]
+
+
+class EpgVjp(torch.autograd.Function):
+    """grads = EpgVjp.apply(static, wanted, cotangent, *inputs): the gradients of the wanted inputs."""
+
+    @staticmethod
+    def forward(ctx, static, wanted, cotangent, *inputs):
+        ctx.static, ctx.wanted = static, wanted
+        ctx.save_for_backward(cotangent, *inputs)
+        grads = K.vjp(static, inputs, cotangent, wanted)
+        return tuple(g.reshape(x.shape) for g, x, w in zip(grads, inputs, wanted, strict=True) if w)
+
+    @staticmethod
+    def backward(ctx, *grad_grads):
+        cotangent, *inputs = ctx.saved_tensors
+        # The direction: one tangent per wanted input, from the cotangents of its gradient.
+        it = iter(grad_grads)
+        tangents = []
+        for x, w in zip(inputs, ctx.wanted, strict=True):
+            u = next(it) if w else None
+            tangents.append(_as_tangent(u, x))
+        wanted = list(ctx.needs_input_grad[3:])
+        _, second, signal_tangent = K.vjp_jvp(ctx.static, inputs, tangents, cotangent, None, wanted)
+        second = [None if g is None else g.reshape(x.shape) for g, x in zip(second, inputs, strict=True)]
+        grad_cot = signal_tangent if ctx.needs_input_grad[2] else None
+        routed = _second_order([grad_cot, *second], [cotangent, *inputs])
+        return (None, None, *routed)
+
+
+class EpgJacobian(torch.autograd.Function):
+    """(signal [V, S], J [P, V, S]) = EpgJacobian.apply(static, columns, *inputs).
+
+    `columns` lists P tissue indices (into `inputs[4:]`): column p is d signal / d tissue[columns[p]].
+    """
+
+    @staticmethod
+    def forward(ctx, static, columns, *inputs):
+        ctx.static, ctx.columns = static, columns
+        ctx.save_for_backward(*inputs)
+        tangents = [None] * len(inputs)
+        P = len(columns)
+        for p, j in enumerate(columns):
+            x = inputs[K.NUM_EVENT_INPUTS + j]
+            index = K.NUM_EVENT_INPUTS + j
+            if tangents[index] is None:
+                tangents[index] = torch.zeros((P, x.numel()), dtype=x.dtype)
+            tangents[index][p] = 1.0
+        signal, jac = K.jvp(static, inputs, tangents)
+        return signal, jac
+
+    @staticmethod
+    def backward(ctx, grad_signal, grad_jac):
+        inputs = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[2:])
+        st = ctx.static
+        total = [None] * len(inputs)
+        if grad_jac is None:
+            runs = [(None, grad_signal, None)]
+        else:
+            runs = [(j, grad_jac[p], grad_signal if p == 0 else None) for p, j in enumerate(ctx.columns)]
+        for j, seed, seed_tangent in runs:
+            if j is None:
+                grads = K.vjp(st, inputs, seed, wanted)
+            else:
+                tangents = [None] * len(inputs)
+                x = inputs[K.NUM_EVENT_INPUTS + j]
+                tangents[K.NUM_EVENT_INPUTS + j] = torch.ones((1, x.numel()), dtype=x.dtype)
+                if seed_tangent is None:
+                    seed_tangent = torch.zeros_like(seed)
+                _, grads, _ = K.vjp_jvp(st, inputs, tangents, seed, seed_tangent, wanted)
+            total = [g if t is None else (t if g is None else t + g) for t, g in zip(total, grads, strict=True)]
+        total = [None if g is None else g.reshape(x.shape) for g, x in zip(total, inputs, strict=True)]
+        return (None, None, *_second_order(total, list(inputs)))

@@ -1,0 +1,75 @@
+"""The sequence description layer: events, operators, RF definitions, descriptions (API.md section 6)."""
+
+from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
+from .description import SequenceDescription
+from .events import AdcRole, EventAction, EventType, RfMode, RfUse, SequenceEvent
+from .operators import (
+    Delay,
+    Dephase,
+    Excitation,
+    FSEReadout,
+    Inversion,
+    Operator,
+    Readout,
+    Refocusing,
+    SampledPulse,
+    Saturation,
+    SPGRReadout,
+    Spoil,
+    SSFPEchoReadout,
+    SSFPFidReadout,
+    bSSFPReadout,
+    compose,
+    module,
+    operator,
+    operator_names,
+    register_operator,
+)
+from .rf import RfDefinition, RfShape, ShimDefinition, decompress_shape, ideal_rf_definition, rf_definition
+from .tissue import TissueProperties
+
+__all__ = [
+    # operators (API.md 3.1-3.2)
+    "Operator",
+    "compose",
+    "module",
+    "register_operator",
+    "operator",
+    "operator_names",
+    "Excitation",
+    "Refocusing",
+    "Inversion",
+    "Saturation",
+    "SampledPulse",
+    "Readout",
+    "Delay",
+    "Dephase",
+    "Spoil",
+    "bSSFPReadout",
+    "SSFPFidReadout",
+    "SSFPEchoReadout",
+    "SPGRReadout",
+    "FSEReadout",
+    # events (6.1-6.2)
+    "EventType",
+    "EventAction",
+    "RfUse",
+    "AdcRole",
+    "RfMode",
+    "SequenceEvent",
+    # RF and shims (6.3)
+    "RfShape",
+    "decompress_shape",
+    "RfDefinition",
+    "rf_definition",
+    "ideal_rf_definition",
+    "ShimDefinition",
+    # descriptions (6.4)
+    "SequenceDescription",
+    "fse_description",
+    "mrf_description",
+    "mpnrage_description",
+    "mprage_description",
+    "spgr_description",
+    "TissueProperties",
+]

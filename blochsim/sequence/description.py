@@ -1,0 +1,139 @@
+"""`SequenceDescription`: one repetition's events plus its RF and shim definitions (API.md 6.4)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import EventType, SequenceEvent, as_float, check_nonnegative
+from .operators import compose
+from .rf import ideal_rf_definition
+
+__all__ = ["SequenceDescription"]
+
+
+@dataclass(frozen=True)
+class SequenceDescription:
+    """One repetition of a sequence.
+
+    `events` are in time order (`timestamp_us` non-decreasing, us from the repetition
+    start); `tr_duration_us` is the time from one repetition's start to the next.
+    Timestamps and `tr_duration_us` are floats, or 0-d float64 tensors where a
+    duration was a tensor (see `operators`): the engine differentiates durations
+    through the intervals between timestamps.
+    `rf_definitions` maps definition id -> `RfDefinition`; `shim_definitions` maps
+    shim id -> `ShimDefinition`. `crusher_dephasing_rad` is the winding of one
+    unbalanced gradient across one voxel of length `voxel_size_m` (m); both give
+    diffusion and flow their geometry.
+    """
+
+    subsequence_index: int
+    tr_duration_us: Any
+    events: tuple
+    rf_definitions: dict
+    shim_definitions: dict = field(default_factory=dict)
+    crusher_dephasing_rad: float = 0.0
+    voxel_size_m: float | None = None
+    rf_raster_time_s: float = 1e-6
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
+        for i, event in enumerate(self.events):
+            if not isinstance(event, SequenceEvent):
+                raise ValueError(f"events[{i}] must be a SequenceEvent, got {type(event).__name__}")
+        check_nonnegative("tr_duration_us", self.tr_duration_us, "us")
+        previous = -math.inf
+        for i, event in enumerate(self.events):
+            t = as_float(event.timestamp_us)
+            if t < previous:
+                raise ValueError(
+                    f"events must be in time order: events[{i}].timestamp_us = {t} us comes before "
+                    f"events[{i - 1}].timestamp_us = {previous} us"
+                )
+            previous = t
+        if self.events and as_float(self.tr_duration_us) < previous:
+            raise ValueError(
+                f"tr_duration_us = {as_float(self.tr_duration_us)} us is shorter than the last event's "
+                f"timestamp_us = {previous} us: a repetition must contain its events"
+            )
+        check_nonnegative("crusher_dephasing_rad", abs(float(self.crusher_dephasing_rad)), "rad")
+        if self.voxel_size_m is not None:
+            v = float(self.voxel_size_m)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"voxel_size_m must be None or a finite length > 0 m, got {self.voxel_size_m!r}")
+        r = float(self.rf_raster_time_s)
+        if not (math.isfinite(r) and r > 0):
+            raise ValueError(f"rf_raster_time_s must be > 0 s, got {self.rf_raster_time_s!r}")
+        for i, event in enumerate(self.events):
+            if event.type == 1 and event.rf_definition_id not in self.rf_definitions:
+                raise ValueError(
+                    f"events[{i}] plays RF definition {event.rf_definition_id}, which rf_definitions "
+                    f"does not hold (it holds {sorted(self.rf_definitions)})"
+                )
+
+    @property
+    def adc_events(self) -> tuple:
+        """The ADC events, in order."""
+        return tuple(e for e in self.events if e.type == 2)
+
+    @classmethod
+    def from_operators(
+        cls,
+        *parts: Any,
+        rf_definitions: dict | None = None,
+        shim_definitions: dict | None = None,
+        subsequence_index: int = 0,
+        crusher_dephasing_rad: float = 0.0,
+        voxel_size_m: float | None = None,
+        start_s: Any = 0.0,
+        rf_raster_time_s: float = 1e-6,
+    ) -> SequenceDescription:
+        """One repetition laid out from operators and `(offset_s, op)` pairs (see `compose`).
+
+        `tr_duration_us` is the end of the layout in us (`end_s * 1e6`, a 0-d float64
+        tensor when a duration was a tensor). Definition id 0 is the ideal pulse unless
+        `rf_definitions` gives another; the ids `rf_definitions` adds are kept as given.
+        """
+        events, end_s = compose(*parts, start_s=start_s)
+        definitions = {0: ideal_rf_definition()}
+        definitions.update(rf_definitions or {})
+        return cls(subsequence_index, end_s * 1e6, events, definitions, dict(shim_definitions or {}),
+                   crusher_dephasing_rad, voxel_size_m, rf_raster_time_s)
+
+    def plot(self, axis: Any = None, *, upto_s: float | None = None) -> Any:
+        """Draw RF stems (flip in degrees) and ADC markers against time in ms; returns the axis.
+
+        `upto_s` (s) limits the plot to events up to that time. An RF event with one
+        value per train is drawn with its first train's flip. Needs matplotlib.
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("SequenceDescription.plot needs matplotlib: pip install matplotlib") from None
+        if axis is None:
+            axis = plt.figure().add_subplot()
+        rf_ms, flips_deg, adc_ms = [], [], []
+        for event in self.events:
+            t_ms = as_float(event.timestamp_us) * 1e-3
+            if upto_s is not None and t_ms > upto_s * 1e3:
+                break
+            if event.type == EventType.RF:
+                definition = self.rf_definitions[event.rf_definition_id]
+                flip, _ = definition.flip_angle(_first(event.rf_amplitude_hz), rf_raster_time_s=self.rf_raster_time_s)
+                rf_ms.append(t_ms)
+                flips_deg.append(math.degrees(flip))
+            elif event.type == EventType.ADC:
+                adc_ms.append(t_ms)
+        if rf_ms:
+            axis.stem(rf_ms, flips_deg, label="RF")
+        if adc_ms:
+            axis.plot(adc_ms, [0.0] * len(adc_ms), "rv", label="ADC")
+        axis.set_xlabel("time (ms)")
+        axis.set_ylabel("flip (deg)")
+        return axis
+
+
+def _first(value: Any) -> float:
+    """A float from a number or the first entry of a (per-train) tensor."""
+    return float(value.detach().reshape(-1)[0]) if hasattr(value, "detach") else float(value)

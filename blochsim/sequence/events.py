@@ -1,0 +1,239 @@
+"""Sequence events: the enums and the frozen `SequenceEvent` (API.md section 6.1-6.2).
+
+Times on events are in microseconds from the start of the repetition; angles in
+rad; frequencies in Hz. `params` may hold torch tensors, which keeps a
+description differentiable with respect to them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["EventType", "EventAction", "RfUse", "AdcRole", "RfMode", "SequenceEvent", "USER_ACTIONS"]
+
+
+class EventType(enum.IntEnum):
+    """Kind of event, in the pulserver SEQDESC numbering."""
+
+    WAIT = 0
+    RF = 1
+    ADC = 2
+
+
+class EventAction(enum.IntFlag):
+    """Bits of the packed action word.
+
+    A user sets CRUSH_BEFORE, CRUSH_AFTER, SPOIL_AFTER and SHIFT_AFTER; packing adds
+    INVERSION, RECORD, EXCITATION and REFOCUSING, derived from the RF use.
+    """
+
+    NONE = 0
+    CRUSH_BEFORE = 1
+    CRUSH_AFTER = 2
+    INVERSION = 4
+    SPOIL_AFTER = 8
+    SHIFT_AFTER = 16
+    RECORD = 32
+    EXCITATION = 64
+    REFOCUSING = 128
+
+
+#: The action bits an event may carry; the others are set by packing.
+USER_ACTIONS = (
+    EventAction.CRUSH_BEFORE | EventAction.CRUSH_AFTER | EventAction.SPOIL_AFTER | EventAction.SHIFT_AFTER
+)
+
+
+class RfUse(enum.IntEnum):
+    """What an RF pulse is for (the whole Pulseq set)."""
+
+    UNKNOWN = 0
+    EXCITATION = 1
+    REFOCUSING = 2
+    INVERSION = 3
+    SATURATION = 4
+    PREPARATION = 5
+    OTHER = 6
+
+
+class AdcRole(enum.IntEnum):
+    NON_ACQUIRED = 0
+    SINGLE = 1
+    ECHO_CENTER = 2
+    NON_CENTER = 3
+
+
+class RfMode(enum.IntEnum):
+    """How a pulse's rotation is formed (mutually exclusive)."""
+
+    INSTANT = 0
+    PROFILED = 1
+    DYNAMIC = 2
+
+
+def as_float(value: Any) -> float:
+    """A Python float from a number or a one-element tensor, read without autograd (no warning, no graph)."""
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def check_finite(name: str, value: Any) -> None:
+    """Raise `ValueError` if `value` (number or tensor) holds NaN or an infinity."""
+    if isinstance(value, torch.Tensor):
+        ok = bool(torch.isfinite(value.detach()).all())
+    else:
+        ok = math.isfinite(float(value))
+    if not ok:
+        raise ValueError(f"{name} must be finite (a real number of rad or Hz), got {value!r}")
+
+
+def check_nonnegative(name: str, value: Any, unit: str) -> None:
+    """Raise `ValueError` unless `value` is finite and >= 0."""
+    check_finite(name, value)
+    if isinstance(value, torch.Tensor):
+        ok = bool((value.detach() >= 0).all())
+    else:
+        ok = float(value) >= 0
+    if not ok:
+        raise ValueError(f"{name} must be >= 0 {unit}, got {value!r}")
+
+
+def check_action(action: Any) -> EventAction:
+    """Validate an action word given by a user: only USER_ACTIONS bits are accepted."""
+    try:
+        bits = int(action)
+    except (TypeError, ValueError):
+        raise ValueError(f"action must be an EventAction (or int of its bits), got {action!r}") from None
+    if bits < 0 or bits & ~int(USER_ACTIONS):
+        raise ValueError(
+            f"action has unknown bits {bits & ~int(USER_ACTIONS) if bits >= 0 else bits!r}: accepted are "
+            "CRUSH_BEFORE=1, CRUSH_AFTER=2, SPOIL_AFTER=8, SHIFT_AFTER=16 (packing adds the others)"
+        )
+    return EventAction(bits)
+
+
+@dataclass(frozen=True)
+class SequenceEvent:
+    """One timestamped event of a repetition.
+
+    `params` follows the argument order of `rf` (7 values: definition_id, use,
+    amplitude_hz, phase_rad, frequency_hz, shim_id, slice_select_gradient_hz_per_m)
+    and `adc` (3 values: role, phase_rad, is_echo); WAIT events have none.
+    """
+
+    type: EventType
+    timestamp_us: float
+    params: tuple = ()
+    action: EventAction = EventAction.NONE
+
+    def __post_init__(self) -> None:
+        try:
+            kind = EventType(int(self.type))
+        except ValueError:
+            raise ValueError(f"type must be an EventType (WAIT=0, RF=1, ADC=2), got {self.type!r}") from None
+        object.__setattr__(self, "type", kind)
+        check_nonnegative("timestamp_us", self.timestamp_us, "us")
+        object.__setattr__(self, "action", check_action(self.action))
+        expected = {EventType.WAIT: 0, EventType.RF: 7, EventType.ADC: 3}[kind]
+        if len(self.params) != expected:
+            raise ValueError(f"a {kind.name} event takes {expected} params, got {len(self.params)}")
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def wait(cls, timestamp_us: float, action: EventAction = EventAction.NONE) -> SequenceEvent:
+        return cls(EventType.WAIT, timestamp_us, (), action)
+
+    @classmethod
+    def rf(
+        cls,
+        timestamp_us: float,
+        definition_id: int,
+        use: RfUse,
+        amplitude_hz: Any,
+        phase_rad: Any = 0.0,
+        frequency_hz: Any = 0.0,
+        shim_id: int = 0,
+        slice_select_gradient_hz_per_m: float = 0.0,
+        action: EventAction = EventAction.NONE,
+    ) -> SequenceEvent:
+        try:
+            use = RfUse(int(use))
+        except ValueError:
+            raise ValueError(f"use must be an RfUse (0..6), got {use!r}") from None
+        check_finite("amplitude_hz", amplitude_hz)
+        check_finite("phase_rad", phase_rad)
+        check_finite("frequency_hz", frequency_hz)
+        if int(definition_id) < 0:
+            raise ValueError(f"definition_id must be >= 0, got {definition_id!r}")
+        if int(shim_id) < 0:
+            raise ValueError(f"shim_id must be >= 0, got {shim_id!r}")
+        params = (int(definition_id), use, amplitude_hz, phase_rad, frequency_hz, int(shim_id),
+                  slice_select_gradient_hz_per_m)
+        return cls(EventType.RF, timestamp_us, params, action)
+
+    @classmethod
+    def adc(
+        cls,
+        timestamp_us: float,
+        role: AdcRole = AdcRole.SINGLE,
+        phase_rad: Any = 0.0,
+        *,
+        is_echo: bool = True,
+        action: EventAction = EventAction.NONE,
+    ) -> SequenceEvent:
+        try:
+            role = AdcRole(int(role))
+        except ValueError:
+            raise ValueError(f"role must be an AdcRole (0..3), got {role!r}") from None
+        check_finite("phase_rad", phase_rad)
+        return cls(EventType.ADC, timestamp_us, (role, phase_rad, bool(is_echo)), action)
+
+    # -- accessors ----------------------------------------------------------------------------
+    def _param(self, kind: EventType, index: int, name: str) -> Any:
+        if self.type != kind:
+            raise AttributeError(f"{name} is defined for {kind.name} events, this is a {self.type.name} event")
+        return self.params[index]
+
+    @property
+    def rf_definition_id(self) -> int:
+        return self._param(EventType.RF, 0, "rf_definition_id")
+
+    @property
+    def rf_use(self) -> RfUse:
+        return self._param(EventType.RF, 1, "rf_use")
+
+    @property
+    def rf_amplitude_hz(self) -> Any:
+        return self._param(EventType.RF, 2, "rf_amplitude_hz")
+
+    @property
+    def rf_phase_rad(self) -> Any:
+        return self._param(EventType.RF, 3, "rf_phase_rad")
+
+    @property
+    def rf_frequency_hz(self) -> Any:
+        return self._param(EventType.RF, 4, "rf_frequency_hz")
+
+    @property
+    def rf_shim_id(self) -> int:
+        return self._param(EventType.RF, 5, "rf_shim_id")
+
+    @property
+    def slice_select_gradient_hz_per_m(self) -> Any:
+        return self._param(EventType.RF, 6, "slice_select_gradient_hz_per_m")
+
+    @property
+    def adc_role(self) -> AdcRole:
+        return self._param(EventType.ADC, 0, "adc_role")
+
+    @property
+    def adc_phase_rad(self) -> Any:
+        return self._param(EventType.ADC, 1, "adc_phase_rad")
+
+    @property
+    def is_echo(self) -> bool:
+        return self._param(EventType.ADC, 2, "is_echo")

@@ -1,0 +1,169 @@
+/* blochsim C ABI: the only seam between the kernels and Python (ctypes).
+ *
+ * Conventions
+ *   - Every entry point takes one pointer to a plain struct and returns 0 on success; on failure it
+ *     returns nonzero and bs_last_error() explains. Nothing throws across this boundary.
+ *   - Kernels never allocate outputs: the caller (Python, with torch) allocates every array.
+ *   - Real arrays are float32 or float64 as `dtype` says; complex arrays are interleaved (re, im) pairs of
+ *     that real type. Shapes are given in the comments as [dims], row-major, contiguous unless a stride is given.
+ *   - Tissue values are in public units: T1/T2 in ms, B0 in Hz, B1 a fraction, B1phase in rad,
+ *     D in um^2/ms, v in m/s. A null tissue pointer means the identity value (the physics is off).
+ *   - `stream` is the CUDA stream (cudaStream_t) for the CUDA build; the host build ignores it.
+ */
+#ifndef BLOCHSIM_CAPI_H
+#define BLOCHSIM_CAPI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define BS_API __declspec(dllexport)
+#else
+#define BS_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped on every change of a struct below or of an entry point's meaning. */
+#define BS_ABI_VERSION 1
+
+enum bs_dtype { BS_FLOAT32 = 0, BS_FLOAT64 = 1 };
+
+enum bs_path { BS_PATH_REAL = 0, BS_PATH_COMPLEX = 1 };
+
+/* Packed action bits of an event (EventAction values plus the kernel-only INTERVAL bit). */
+enum bs_action {
+  BS_CRUSH_BEFORE = 1,
+  BS_CRUSH_AFTER = 2,
+  BS_INVERSION = 4,
+  BS_SPOIL_AFTER = 8,
+  BS_SHIFT_AFTER = 16,
+  BS_RECORD = 32,
+  BS_ROTATE = 64,   /* any RF pulse but an inversion */
+  BS_INTERVAL = 256 /* relax over dt before the event (dt nonzero or differentiated) */
+};
+
+/* Tissue properties of pool model 0 (free water), in the order of the arrays below. */
+enum bs_tissue_param {
+  BS_T1_MS = 0,
+  BS_T2_MS,
+  BS_M0,
+  BS_B1,
+  BS_B1_PHASE_RAD,
+  BS_B0_HZ,
+  BS_INVERSION_EFFICIENCY,
+  BS_DIFFUSION_UM2_PER_MS,
+  BS_VELOCITY_M_PER_S,
+  BS_NUM_TISSUE
+};
+
+/* A compiled program: one repetition's events, played num_repetitions times, recorded on the last. */
+typedef struct bs_program {
+  int64_t num_events;         /* E: events per repetition                                            */
+  int64_t num_repetitions;    /* N >= 1: playings; only the last is recorded                         */
+  int64_t num_samples;        /* S: recorded samples                                                  */
+  int64_t num_states;         /* K >= 1: EPG orders per pool                                          */
+  int32_t path;               /* bs_path: real (three real planes) or complex states                  */
+  int32_t checkpoint_stride;  /* adjoints keep every stride-th state and replay stretches (>= 1)      */
+  const int32_t* action;      /* [E] read: bs_action bits                                             */
+  const int32_t* record;      /* [E] read: sample slot (0..S-1) of a recorded ADC, else -1            */
+  const void* dt_s;           /* [E] read: interval before each event, s                              */
+  const void* dt_wrap_s;      /* [1] read: interval before event 0 on every repetition after the first */
+  const void* flip_rad;       /* [E] read: signed flip of RF events (real path: half turns folded in) */
+  const void* phase_rad;      /* [E] read: RF phase (rad); for ADC events the demodulation phase       */
+  double crusher_dk_rad_per_m; /* dephasing per unit length of one crusher; 0: no crusher geometry     */
+  double voxel_size_m;        /* voxel length along the crusher; 0: none (no washout)                 */
+} bs_program;
+
+/* Per-voxel tissue: value of property j for voxel v is data[j][v * stride[j]] (stride 0 broadcasts). */
+typedef struct bs_tissue {
+  int64_t num_voxels;                  /* V                                      */
+  const void* data[BS_NUM_TISSUE];     /* [V] read, or null for the identity     */
+  int64_t stride[BS_NUM_TISSUE];       /* voxel stride in elements               */
+} bs_tissue;
+
+/* P tangent directions on the inputs. Null pointers are zero tangents. */
+typedef struct bs_tangents {
+  int32_t count;                       /* P                                                    */
+  const void* tissue[BS_NUM_TISSUE];   /* [P, V] read with the two strides below               */
+  int64_t tissue_stride_p[BS_NUM_TISSUE];
+  int64_t tissue_stride_v[BS_NUM_TISSUE];
+  const void* dt_s;                    /* [P, E] read */
+  const void* dt_wrap_s;               /* [P] read    */
+  const void* flip_rad;                /* [P, E] read */
+  const void* phase_rad;               /* [P, E] read */
+} bs_tangents;
+
+/* Gradients (or their tangents, [P, ...] ahead of the shapes given). Null: not wanted. */
+typedef struct bs_grads {
+  void* dt_s;                  /* [E] written: summed over voxels */
+  void* dt_wrap_s;             /* [1] written                     */
+  void* flip_rad;              /* [E] written                     */
+  void* phase_rad;             /* [E] written                     */
+  void* tissue[BS_NUM_TISSUE]; /* [V] written: per voxel          */
+} bs_grads;
+
+/* signal = simulate(program, tissue) */
+typedef struct bs_epg_forward_args {
+  int32_t dtype;        /* bs_dtype                                   */
+  int32_t num_threads;  /* host threads; <= 0: all of the pool        */
+  void* stream;
+  bs_program program;
+  bs_tissue tissue;
+  void* signal;         /* [V, S] complex, written                    */
+} bs_epg_forward_args;
+
+/* signal and its P directional derivatives (forward mode, P in 1..8) */
+typedef struct bs_epg_jvp_args {
+  int32_t dtype;
+  int32_t num_threads;
+  void* stream;
+  bs_program program;
+  bs_tissue tissue;
+  bs_tangents tangents;
+  void* signal;          /* [V, S] complex, written      */
+  void* signal_tangent;  /* [P, V, S] complex, written   */
+} bs_epg_jvp_args;
+
+/* grads = d<cotangent, signal>/d(inputs), the real part of the complex inner product (adjoint, checkpointed) */
+typedef struct bs_epg_vjp_args {
+  int32_t dtype;
+  int32_t num_threads;
+  void* stream;
+  bs_program program;
+  bs_tissue tissue;
+  const void* cotangent; /* [V, S] complex, read */
+  bs_grads grads;
+} bs_epg_vjp_args;
+
+/* Second-order adjoint: the VJP differentiated along one tangent direction (P = 1), with a tangent on
+ * the cotangent too. Writes the VJP (grads), its directional derivative (grads_tangent), and the
+ * signal with its tangent (forward mode along the same direction). */
+typedef struct bs_epg_vjp_jvp_args {
+  int32_t dtype;
+  int32_t num_threads;
+  void* stream;
+  bs_program program;
+  bs_tissue tissue;
+  bs_tangents tangents;          /* count must be 1                 */
+  const void* cotangent;         /* [V, S] complex, read            */
+  const void* cotangent_tangent; /* [V, S] complex, read, or null   */
+  bs_grads grads;
+  bs_grads grads_tangent;
+  void* signal;                  /* [V, S] complex, written, or null */
+  void* signal_tangent;          /* [V, S] complex, written, or null */
+} bs_epg_vjp_jvp_args;
+
+BS_API int32_t bs_abi_version(void);
+BS_API const char* bs_version(void);     /* the blochsim version the library was built with */
+BS_API const char* bs_last_error(void);  /* message of the last failure on this thread      */
+BS_API int32_t bs_epg_forward(const bs_epg_forward_args* args);
+BS_API int32_t bs_epg_jvp(const bs_epg_jvp_args* args);
+BS_API int32_t bs_epg_vjp(const bs_epg_vjp_args* args);
+BS_API int32_t bs_epg_vjp_jvp(const bs_epg_vjp_jvp_args* args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,244 @@
+// Number types the event loop is written over: float, double, and Dual<R, P> (a value with P tangents).
+// At a real type the loop is the forward simulation and the adjoint; at Dual it is the JVP and the
+// second-order adjoint. Cx<N> is a complex number over any of them.
+#pragma once
+
+#include <cmath>
+
+#include "blochsim/portability.hpp"
+
+namespace bs {
+
+template <class R, int P>
+struct Dual {
+  R v;     // value
+  R d[P];  // tangents
+
+  BS_HD Dual() : v(0) {
+    for (int p = 0; p < P; ++p) d[p] = 0;
+  }
+  BS_HD Dual(R value) : v(value) {  // NOLINT: a constant is a Dual with zero tangents
+    for (int p = 0; p < P; ++p) d[p] = 0;
+  }
+};
+
+// Traits: the real type under a number, its tangent count, and access to value and tangents.
+template <class N>
+struct Num {
+  using Real = N;
+  static constexpr int P = 0;
+  BS_HD static Real value(const N& x) { return x; }
+};
+template <class R, int P_>
+struct Num<Dual<R, P_>> {
+  using Real = R;
+  static constexpr int P = P_;
+  BS_HD static Real value(const Dual<R, P_>& x) { return x.v; }
+};
+
+template <class N>
+BS_HD typename Num<N>::Real value_of(const N& x) {
+  return Num<N>::value(x);
+}
+
+// ---- Dual arithmetic ---------------------------------------------------------------------------
+template <class R, int P>
+BS_HD Dual<R, P> operator+(const Dual<R, P>& a, const Dual<R, P>& b) {
+  Dual<R, P> r;
+  r.v = a.v + b.v;
+  for (int p = 0; p < P; ++p) r.d[p] = a.d[p] + b.d[p];
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator-(const Dual<R, P>& a, const Dual<R, P>& b) {
+  Dual<R, P> r;
+  r.v = a.v - b.v;
+  for (int p = 0; p < P; ++p) r.d[p] = a.d[p] - b.d[p];
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator-(const Dual<R, P>& a) {
+  Dual<R, P> r;
+  r.v = -a.v;
+  for (int p = 0; p < P; ++p) r.d[p] = -a.d[p];
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator*(const Dual<R, P>& a, const Dual<R, P>& b) {
+  Dual<R, P> r;
+  r.v = a.v * b.v;
+  for (int p = 0; p < P; ++p) r.d[p] = a.d[p] * b.v + a.v * b.d[p];
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator*(const Dual<R, P>& a, R b) {
+  Dual<R, P> r;
+  r.v = a.v * b;
+  for (int p = 0; p < P; ++p) r.d[p] = a.d[p] * b;
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator*(R a, const Dual<R, P>& b) {
+  return b * a;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator+(const Dual<R, P>& a, R b) {
+  Dual<R, P> r = a;
+  r.v += b;
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator+(R a, const Dual<R, P>& b) {
+  return b + a;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator-(const Dual<R, P>& a, R b) {
+  Dual<R, P> r = a;
+  r.v -= b;
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator-(R a, const Dual<R, P>& b) {
+  return -b + a;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator/(const Dual<R, P>& a, const Dual<R, P>& b) {
+  Dual<R, P> r;
+  const R inv = R(1) / b.v;
+  r.v = a.v * inv;
+  for (int p = 0; p < P; ++p) r.d[p] = (a.d[p] - r.v * b.d[p]) * inv;
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator/(R a, const Dual<R, P>& b) {
+  return Dual<R, P>(a) / b;
+}
+template <class R, int P>
+BS_HD Dual<R, P> operator/(const Dual<R, P>& a, R b) {
+  return a * (R(1) / b);
+}
+template <class R, int P, class B>
+BS_HD Dual<R, P>& operator+=(Dual<R, P>& a, const B& b) {
+  a = a + b;
+  return a;
+}
+template <class R, int P, class B>
+BS_HD Dual<R, P>& operator-=(Dual<R, P>& a, const B& b) {
+  a = a - b;
+  return a;
+}
+template <class R, int P, class B>
+BS_HD Dual<R, P>& operator*=(Dual<R, P>& a, const B& b) {
+  a = a * b;
+  return a;
+}
+
+// Elementary functions: plain types use std::, Duals apply the chain rule.
+template <class R, int P>
+BS_HD Dual<R, P> chain(const Dual<R, P>& a, R f, R df) {
+  Dual<R, P> r;
+  r.v = f;
+  for (int p = 0; p < P; ++p) r.d[p] = df * a.d[p];
+  return r;
+}
+template <class R, int P>
+BS_HD Dual<R, P> exp(const Dual<R, P>& a) {
+  const R e = std::exp(a.v);
+  return chain(a, e, e);
+}
+template <class R, int P>
+BS_HD Dual<R, P> sin(const Dual<R, P>& a) {
+  return chain(a, std::sin(a.v), std::cos(a.v));
+}
+template <class R, int P>
+BS_HD Dual<R, P> cos(const Dual<R, P>& a) {
+  return chain(a, std::cos(a.v), -std::sin(a.v));
+}
+using std::cos;
+using std::exp;
+using std::sin;
+
+// ---- complex numbers over N ----------------------------------------------------------------------
+template <class N>
+struct Cx {
+  N re, im;
+  BS_HD Cx() : re(0), im(0) {}
+  BS_HD Cx(N r) : re(r), im(0) {}  // NOLINT
+  BS_HD Cx(N r, N i) : re(r), im(i) {}
+};
+
+template <class N>
+BS_HD Cx<N> operator+(const Cx<N>& a, const Cx<N>& b) {
+  return Cx<N>(a.re + b.re, a.im + b.im);
+}
+template <class N>
+BS_HD Cx<N> operator-(const Cx<N>& a, const Cx<N>& b) {
+  return Cx<N>(a.re - b.re, a.im - b.im);
+}
+template <class N>
+BS_HD Cx<N> operator-(const Cx<N>& a) {
+  return Cx<N>(-a.re, -a.im);
+}
+template <class N>
+BS_HD Cx<N> operator*(const Cx<N>& a, const Cx<N>& b) {
+  return Cx<N>(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re);
+}
+template <class N>
+BS_HD Cx<N> operator*(const Cx<N>& a, const N& b) {
+  return Cx<N>(a.re * b, a.im * b);
+}
+template <class N>
+BS_HD Cx<N> operator*(const N& a, const Cx<N>& b) {
+  return Cx<N>(a * b.re, a * b.im);
+}
+template <class N>
+BS_HD Cx<N>& operator+=(Cx<N>& a, const Cx<N>& b) {
+  a = a + b;
+  return a;
+}
+template <class N>
+BS_HD Cx<N> conj(const Cx<N>& a) {
+  return Cx<N>(a.re, -a.im);
+}
+template <class N>
+BS_HD Cx<N> mul_i(const Cx<N>& a) {  // i * a
+  return Cx<N>(-a.im, a.re);
+}
+template <class N>
+BS_HD Cx<N> cis(const N& angle) {  // exp(i angle)
+  return Cx<N>(cos(angle), sin(angle));
+}
+template <class N>
+BS_HD N re(const Cx<N>& a) {
+  return a.re;
+}
+template <class N>
+BS_HD N im(const Cx<N>& a) {
+  return a.im;
+}
+
+// The real path keeps states in real planes; these let generic code treat them like complex ones.
+template <class N>
+BS_HD N conj(const N& a) {
+  return a;
+}
+template <class N>
+BS_HD N re(const N& a) {
+  return a;
+}
+template <class N>
+BS_HD N im(const N&) {
+  return N(0);
+}
+
+// Re(conj(a) * b): the real inner product of adjoint a and perturbation b.
+template <class N>
+BS_HD N re_dot(const Cx<N>& a, const Cx<N>& b) {
+  return a.re * b.re + a.im * b.im;
+}
+template <class N>
+BS_HD N re_dot(const N& a, const N& b) {
+  return a * b;
+}
+
+}  // namespace bs
