@@ -505,6 +505,8 @@ def play(
     per pool; repetitions >= 1, samples come from the last one; record: "all", "acquired" or "echo";
     lineshape: the semisolid absorption lineshape (see lineshape.py).
 
+    The oracle runs on the CPU: tissue and event tensors must be CPU tensors.
+
     Returns a `ReferenceResult`: signal (*voxel_shape, samples) and the final states
     (*voxel_shape, pools, states), all complex128. The semantics are in the module docstring.
     Raises ValueError for bad arguments, NaN or negative relaxation times, and fractions < 0
