@@ -48,6 +48,19 @@ def _first_bad(mask: torch.Tensor) -> tuple[int, tuple]:
     return count, index
 
 
+def broadcast_shapes(*shapes) -> tuple:
+    """NumPy broadcasting of shapes (torch.broadcast_shapes imports sympy on first use: ~0.4 s)."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, n in enumerate(shape, start=ndim - len(shape)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)
+
+
 def check_tissue(tissue: TissueProperties) -> None:
     """Raise ValueError for NaN or negative times, and for pool fractions < 0 or summing past 1."""
     for name in TIME_FIELDS:
@@ -96,8 +109,8 @@ def pack_tissue(
             raw[name] = value
     shapes = [torch.as_tensor(v).shape for v in raw.values() if isinstance(v, torch.Tensor)]
     try:
-        voxel_shape = tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
-    except RuntimeError:
+        voxel_shape = broadcast_shapes(*shapes)
+    except ValueError:
         given = ", ".join(f"{k} {tuple(torch.as_tensor(v).shape)}" for k, v in raw.items())
         raise ValueError(f"tissue properties do not broadcast against each other: {given}") from None
     num_voxels = math.prod(voxel_shape)
@@ -107,7 +120,10 @@ def pack_tissue(
             values.append(None)
             continue
         value = raw[name]
-        t = value.to(device=device, dtype=dtype) if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=dtype, device=device)
+        if isinstance(value, torch.Tensor):
+            t = value.to(device=device, dtype=dtype)
+        else:
+            t = torch.tensor(value, dtype=dtype, device=device)
         if t.numel() == 1:
             values.append(t.reshape(1))
         else:
