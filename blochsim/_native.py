@@ -16,7 +16,7 @@ from ._version import __version__
 __all__ = ["ABI_VERSION", "NUM_TISSUE", "TISSUE_PARAMS", "NativeLibraryError", "cpu_library", "check_status"]
 
 #: The ABI this Python package speaks (BS_ABI_VERSION in csrc/capi.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 #: Tissue properties of the kernels, in the order of `enum bs_tissue_param`.
 TISSUE_PARAMS = (
@@ -60,7 +60,26 @@ class Program(ctypes.Structure):
         ("phase_rad", _p),
         ("crusher_dk_rad_per_m", ctypes.c_double),
         ("voxel_size_m", ctypes.c_double),
+        ("num_transverse_pools", _i32),
+        ("num_longitudinal_pools", _i32),
+        ("tabulated", _i32),
+        ("reserved", _i32),
+        ("num_intervals", _i64),
+        ("interval", _p),
+        ("wrap_interval", _i64),
     ]
+
+
+#: Tables of a tabulated layout, in the order of `struct bs_tables`.
+TABLES = ("L", "r", "T", "zeq", "sat")
+
+
+class Tables(ctypes.Structure):
+    _fields_ = [(name, _p) for name in TABLES] + [("stride_v", _i64 * 5), ("stride_p", _i64 * 5)]
+
+
+class TableGrads(ctypes.Structure):
+    _fields_ = [(name, _p) for name in TABLES]
 
 
 class Tissue(ctypes.Structure):
@@ -91,6 +110,7 @@ class ForwardArgs(ctypes.Structure):
         ("stream", _p),
         ("program", Program),
         ("tissue", Tissue),
+        ("tables", Tables),
         ("signal", _p),
     ]
 
@@ -102,7 +122,9 @@ class JvpArgs(ctypes.Structure):
         ("stream", _p),
         ("program", Program),
         ("tissue", Tissue),
+        ("tables", Tables),
         ("tangents", Tangents),
+        ("tables_tangent", Tables),
         ("signal", _p),
         ("signal_tangent", _p),
     ]
@@ -115,8 +137,10 @@ class VjpArgs(ctypes.Structure):
         ("stream", _p),
         ("program", Program),
         ("tissue", Tissue),
+        ("tables", Tables),
         ("cotangent", _p),
         ("grads", Grads),
+        ("table_grads", TableGrads),
     ]
 
 
@@ -127,11 +151,15 @@ class VjpJvpArgs(ctypes.Structure):
         ("stream", _p),
         ("program", Program),
         ("tissue", Tissue),
+        ("tables", Tables),
         ("tangents", Tangents),
+        ("tables_tangent", Tables),
         ("cotangent", _p),
         ("cotangent_tangent", _p),
         ("grads", Grads),
         ("grads_tangent", Grads),
+        ("table_grads", TableGrads),
+        ("table_grads_tangent", TableGrads),
         ("signal", _p),
         ("signal_tangent", _p),
     ]

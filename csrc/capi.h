@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* Bumped on every change of a struct below or of an entry point's meaning. */
-#define BS_ABI_VERSION 1
+#define BS_ABI_VERSION 2
 
 enum bs_dtype { BS_FLOAT32 = 0, BS_FLOAT64 = 1 };
 
@@ -74,7 +74,39 @@ typedef struct bs_program {
   const void* phase_rad;      /* [E] read: RF phase (rad); for ADC events the demodulation phase       */
   double crusher_dk_rad_per_m; /* dephasing per unit length of one crusher; 0: no crusher geometry     */
   double voxel_size_m;        /* voxel length along the crusher; 0: none (no washout)                 */
+  /* Pools. Pool model 0 (free water, closed-form intervals): 1, 1, and no tables. Tabulated layouts:
+   * nt water-like pools (free first) with transverse states, nl >= nt longitudinal pools (the last nl - nt
+   * semisolid), nl <= 8, and the interval operators read from bs_tables.                               */
+  int32_t num_transverse_pools;   /* nt                                                                */
+  int32_t num_longitudinal_pools; /* nl                                                                */
+  int32_t tabulated;              /* 1: relax with the tables; 0: pool model 0                         */
+  int32_t reserved;
+  int64_t num_intervals;          /* D: table rows (distinct intervals)                                 */
+  const int32_t* interval;        /* [E] read: table row of each event's interval (any value if none)   */
+  int64_t wrap_interval;          /* table row of event 0's interval on repetitions after the first     */
 } bs_program;
+
+/* Per-voxel tables of a tabulated layout (see csrc/include/blochsim/relax_tables.hpp). Element i of voxel v
+ * of a table is at data[v * stride_v + i]; stride_v 0 shares one table among all voxels. As tangents, the
+ * tables carry a leading [P] axis with stride stride_p. */
+typedef struct bs_tables {
+  const void* L;    /* [V|1, D, nl, nl] real: exp(A dt), longitudinal           */
+  const void* r;    /* [V|1, D, nl] real: (I - L) Zeq, added to Z(0)            */
+  const void* T;    /* [V|1, D, nt, nt] complex: exp(C dt), transverse          */
+  const void* zeq;  /* [V|1, nl] real: equilibrium, fractions of M0             */
+  const void* sat;  /* [V|1, E] real: S * G(f_rf - B0) of each RF event          */
+  int64_t stride_v[5];
+  int64_t stride_p[5];
+} bs_tables;
+
+/* Per-voxel cotangents of the tables (written; [V, ...] in the shapes above; null: not wanted). */
+typedef struct bs_table_grads {
+  void* L;
+  void* r;
+  void* T;
+  void* zeq;
+  void* sat;
+} bs_table_grads;
 
 /* Per-voxel tissue: value of property j for voxel v is data[j][v * stride[j]] (stride 0 broadcasts). */
 typedef struct bs_tissue {
@@ -111,6 +143,7 @@ typedef struct bs_epg_forward_args {
   void* stream;
   bs_program program;
   bs_tissue tissue;
+  bs_tables tables;
   void* signal;         /* [V, S] complex, written                    */
 } bs_epg_forward_args;
 
@@ -121,7 +154,9 @@ typedef struct bs_epg_jvp_args {
   void* stream;
   bs_program program;
   bs_tissue tissue;
+  bs_tables tables;
   bs_tangents tangents;
+  bs_tables tables_tangent;
   void* signal;          /* [V, S] complex, written      */
   void* signal_tangent;  /* [P, V, S] complex, written   */
 } bs_epg_jvp_args;
@@ -133,8 +168,10 @@ typedef struct bs_epg_vjp_args {
   void* stream;
   bs_program program;
   bs_tissue tissue;
+  bs_tables tables;
   const void* cotangent; /* [V, S] complex, read */
   bs_grads grads;
+  bs_table_grads table_grads;
 } bs_epg_vjp_args;
 
 /* Second-order adjoint: the VJP differentiated along one tangent direction (P = 1), with a tangent on
@@ -146,11 +183,15 @@ typedef struct bs_epg_vjp_jvp_args {
   void* stream;
   bs_program program;
   bs_tissue tissue;
+  bs_tables tables;
   bs_tangents tangents;          /* count must be 1                 */
+  bs_tables tables_tangent;
   const void* cotangent;         /* [V, S] complex, read            */
   const void* cotangent_tangent; /* [V, S] complex, read, or null   */
   bs_grads grads;
   bs_grads grads_tangent;
+  bs_table_grads table_grads;
+  bs_table_grads table_grads_tangent;
   void* signal;                  /* [V, S] complex, written, or null */
   void* signal_tangent;          /* [V, S] complex, written, or null */
 } bs_epg_vjp_jvp_args;

@@ -114,46 +114,47 @@ class EpgVjp(torch.autograd.Function):
 
 
 class EpgJacobian(torch.autograd.Function):
-    """(signal [V, S], J [P, V, S]) = EpgJacobian.apply(static, columns, *inputs).
+    """(signal [V, S], J [P, V, S]) = EpgJacobian.apply(static, n, *inputs, *tangents).
 
-    `columns` lists P tissue indices (into `inputs[4:]`): column p is d signal / d tissue[columns[p]].
+    `tangents` holds, per input, None or a tensor [P, *input.shape]: column p of J is the derivative of the
+    signal along the p-th tangents. The backward reaches the inputs (second order) and the tangents (the
+    first-order VJP seeded with that column's cotangent), so a tangent that itself depends on the tissue
+    (a pool table's derivative) carries its part of the gradient.
     """
 
     @staticmethod
-    def forward(ctx, static, columns, *inputs):
-        ctx.static, ctx.columns = static, columns
-        ctx.save_for_backward(*inputs)
-        tangents = [None] * len(inputs)
-        P = len(columns)
-        for p, j in enumerate(columns):
-            x = inputs[K.NUM_EVENT_INPUTS + j]
-            index = K.NUM_EVENT_INPUTS + j
-            if tangents[index] is None:
-                tangents[index] = torch.zeros((P, x.numel()), dtype=x.dtype)
-            tangents[index][p] = 1.0
-        signal, jac = K.jvp(static, inputs, tangents)
-        return signal, jac
+    def forward(ctx, static, n, *args):
+        inputs, tangents = args[:n], args[n:]
+        ctx.static, ctx.n = static, n
+        ctx.save_for_backward(*inputs, *tangents)
+        return K.jvp(static, inputs, tangents)
 
     @staticmethod
     def backward(ctx, grad_signal, grad_jac):
-        inputs = ctx.saved_tensors
-        wanted = list(ctx.needs_input_grad[2:])
-        st = ctx.static
-        total = [None] * len(inputs)
+        saved = ctx.saved_tensors
+        n, st = ctx.n, ctx.static
+        inputs, tangents = saved[:n], saved[n:]
+        want_in = list(ctx.needs_input_grad[2 : 2 + n])
+        want_tan = list(ctx.needs_input_grad[2 + n :])
+        total = [None] * n
+        grad_tangents = [None] * n
         if grad_jac is None:
-            runs = [(None, grad_signal, None)]
+            total = K.vjp(st, inputs, grad_signal, want_in)
         else:
-            runs = [(j, grad_jac[p], grad_signal if p == 0 else None) for p, j in enumerate(ctx.columns)]
-        for j, seed, seed_tangent in runs:
-            if j is None:
-                grads = K.vjp(st, inputs, seed, wanted)
-            else:
-                tangents = [None] * len(inputs)
-                x = inputs[K.NUM_EVENT_INPUTS + j]
-                tangents[K.NUM_EVENT_INPUTS + j] = torch.ones((1, x.numel()), dtype=x.dtype)
-                if seed_tangent is None:
-                    seed_tangent = torch.zeros_like(seed)
-                _, grads, _ = K.vjp_jvp(st, inputs, tangents, seed, seed_tangent, wanted)
-            total = [g if t is None else (t if g is None else t + g) for t, g in zip(total, grads, strict=True)]
-        total = [None if g is None else g.reshape(x.shape) for g, x in zip(total, inputs, strict=True)]
-        return (None, None, *_second_order(total, list(inputs)))
+            P = grad_jac.shape[0]
+            wanted = [a or b for a, b in zip(want_in, want_tan, strict=True)]
+            for p in range(P):
+                direction = [None if t is None else t[p : p + 1] for t in tangents]
+                seed_t = grad_signal if (p == 0 and grad_signal is not None) else torch.zeros_like(grad_jac[p])
+                first, second, _ = K.vjp_jvp(st, inputs, direction, grad_jac[p], seed_t, wanted)
+                for i in range(n):
+                    if want_in[i] and second[i] is not None:
+                        total[i] = second[i] if total[i] is None else total[i] + second[i]
+                    if want_tan[i] and first[i] is not None:
+                        if grad_tangents[i] is None:
+                            grad_tangents[i] = torch.zeros_like(tangents[i])
+                        grad_tangents[i][p] = first[i].reshape(tangents[i].shape[1:])
+        total = [None if g is None or not w else g.reshape(x.shape) for g, x, w in zip(total, inputs, want_in,
+                                                                                     strict=True)]
+        routed = _second_order(total + grad_tangents, list(inputs) + list(tangents))
+        return (None, None, *routed)

@@ -1,8 +1,9 @@
 """Calls into the kernel library: build the C ABI structs from tensors, allocate outputs with torch.
 
-`Static` holds a compiled program's structure in the kernel's dtype; the differentiable inputs travel
-as a flat tuple `inputs = (dt_s, dt_wrap_s, flip_rad, phase_rad, *tissue)` with tissue in the order of
-`blochsim._native.TISSUE_PARAMS` (None where a property is at its identity).
+`Static` holds a compiled program's structure; the differentiable inputs travel as one flat tuple
+`inputs = (dt_s, dt_wrap_s, flip_rad, phase_rad, *tissue, *tables)`: tissue in the order of
+`blochsim._native.TISSUE_PARAMS` (None where a property is at its identity), then the pool tables
+(L, r, T, zeq, sat; None for pool model 0). Tissue inputs are [V] or [1]; tables [V or 1, ...], T complex.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 
 from .. import _native as nat
 
-__all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS"]
+__all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS", "TABLE_START"]
 
 NUM_EVENT_INPUTS = 4  # dt_s, dt_wrap_s, flip_rad, phase_rad
+TABLE_START = NUM_EVENT_INPUTS + nat.NUM_TISSUE
+NUM_INPUTS = TABLE_START + len(nat.TABLES)
 _JVP_WIDTHS = (1, 2, 4, 8)
 
 
@@ -36,10 +39,19 @@ class Static:
     checkpoint_stride: int
     num_voxels: int
     dtype: torch.dtype
+    num_transverse_pools: int = 1
+    num_longitudinal_pools: int = 1
+    interval: torch.Tensor | None = None  # [E] int32 table rows (tabulated layouts)
+    wrap_interval: int = 0
+    num_intervals: int = 0
 
     @property
     def num_events(self) -> int:
         return int(self.action.numel())
+
+    @property
+    def tabulated(self) -> bool:
+        return self.interval is not None
 
 
 def num_threads() -> int:
@@ -60,6 +72,15 @@ def _complex(dtype):
     return torch.complex64 if dtype == torch.float32 else torch.complex128
 
 
+def _real_view(t):
+    """A table as the kernel reads it: real, contiguous (complex T as interleaved pairs)."""
+    if t is None:
+        return None
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.contiguous()
+
+
 def _program(st: Static, inputs) -> nat.Program:
     dt, dt_wrap, flip, phase = inputs[:NUM_EVENT_INPUTS]
     return nat.Program(
@@ -77,51 +98,84 @@ def _program(st: Static, inputs) -> nat.Program:
         _ptr(phase),
         st.crusher_dk_rad_per_m,
         st.voxel_size_m,
+        st.num_transverse_pools,
+        st.num_longitudinal_pools,
+        int(st.tabulated),
+        0,
+        st.num_intervals,
+        _ptr(st.interval),
+        st.wrap_interval,
     )
 
 
 def _tissue(st: Static, inputs) -> nat.Tissue:
-    tissue = inputs[NUM_EVENT_INPUTS:]
     t = nat.Tissue()
     t.num_voxels = st.num_voxels
-    for j, x in enumerate(tissue):
+    for j, x in enumerate(inputs[NUM_EVENT_INPUTS:TABLE_START]):
         t.data[j] = _ptr(x)
         t.stride[j] = 0 if x is None or x.numel() == 1 else 1
     return t
 
 
-def _tangents(st: Static, tangents, width: int) -> nat.Tangents:
+def _tables(tables, keep: list, *, lead: int = 0) -> nat.Tables:
+    """Struct of the tables (or their tangents with `lead` = 1 leading axis); views are kept alive in `keep`."""
+    out = nat.Tables()
+    for i, t in enumerate(tables):
+        view = _real_view(t)
+        keep.append(view)
+        setattr(out, nat.TABLES[i], _ptr(view))
+        if view is not None:
+            voxels = view.shape[lead]
+            per_voxel = view[(0,) * (lead + 1)].numel() if view.numel() else 0
+            out.stride_v[i] = 0 if voxels == 1 else per_voxel
+            out.stride_p[i] = view[0].numel() if lead else 0
+    return out
+
+
+def _tangents(st: Static, tangents, width: int, keep: list) -> tuple[nat.Tangents, nat.Tables]:
     """tangents: like inputs, each None or a tensor [P, *input.shape]."""
     t = nat.Tangents()
     t.count = width
-    ev = tangents[:NUM_EVENT_INPUTS]
-    t.dt_s, t.dt_wrap_s, t.flip_rad, t.phase_rad = (_ptr(x) for x in ev)
-    for j, x in enumerate(tangents[NUM_EVENT_INPUTS:]):
+    t.dt_s, t.dt_wrap_s, t.flip_rad, t.phase_rad = (_ptr(x) for x in tangents[:NUM_EVENT_INPUTS])
+    for j, x in enumerate(tangents[NUM_EVENT_INPUTS:TABLE_START]):
         t.tissue[j] = _ptr(x)
         if x is not None:
             t.tissue_stride_p[j] = x.shape[1]
             t.tissue_stride_v[j] = 0 if x.shape[1] == 1 else 1
-    return t
+    return t, _tables(tangents[TABLE_START:], keep, lead=1)
 
 
-def _grads(st: Static, wanted, width: int = 0):
-    """Allocate gradient outputs for the inputs flagged in `wanted` ([width, ...] ahead when width > 0)."""
+def _grads(st: Static, inputs, wanted, width: int = 0):
+    """Allocate gradient outputs for the inputs flagged in `wanted` (per voxel for tissue and tables)."""
     E, V = st.num_events, st.num_voxels
-    shapes = [(E,), (1,), (E,), (E,)] + [(V,)] * nat.NUM_TISSUE
     lead = (width,) if width else ()
-    out = [torch.zeros(lead + s, dtype=st.dtype) if w else None for w, s in zip(wanted, shapes, strict=True)]
+    out = []
+    for i, (x, w) in enumerate(zip(inputs, wanted, strict=True)):
+        if not w or x is None:
+            out.append(None)
+        elif i < NUM_EVENT_INPUTS:
+            out.append(torch.zeros(lead + (1 if i == 1 else E,), dtype=st.dtype))
+        elif i < TABLE_START:
+            out.append(torch.zeros(lead + (V,), dtype=st.dtype))
+        else:  # a table: per voxel, real view
+            shape = _real_view(x).shape[1:]
+            out.append(torch.zeros(lead + (V,) + tuple(shape), dtype=st.dtype))
     g = nat.Grads(*(_ptr(x) for x in out[:NUM_EVENT_INPUTS]))
-    for j, x in enumerate(out[NUM_EVENT_INPUTS:]):
+    for j, x in enumerate(out[NUM_EVENT_INPUTS:TABLE_START]):
         g.tissue[j] = _ptr(x)
-    return g, out
+    tg = nat.TableGrads(*(_ptr(x) for x in out[TABLE_START:]))
+    return g, tg, out
 
 
 def _fold(inputs, grads):
-    """Per-voxel tissue gradients of single-value (broadcast) inputs are summed."""
+    """Per-voxel gradients of inputs shared by every voxel are summed; complex tables come back complex."""
     folded = []
-    for x, g in zip(inputs, grads, strict=True):
-        if g is not None and x is not None and x.numel() == 1 and g.shape[-1] != 1:
-            g = g.sum(-1, keepdim=True)
+    for i, (x, g) in enumerate(zip(inputs, grads, strict=True)):
+        if g is not None and i >= NUM_EVENT_INPUTS:
+            if i >= TABLE_START and x.is_complex():
+                g = torch.view_as_complex(g)
+            if x.shape[0] == 1 and g.shape[0] != 1:
+                g = g.sum(0, keepdim=True)
         folded.append(g)
     return folded
 
@@ -134,9 +188,10 @@ def _call(entry: str, args) -> None:
 
 def forward(st: Static, inputs) -> torch.Tensor:
     """signal [V, S], complex."""
+    keep = []
     signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
     args = nat.ForwardArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                           _ptr(signal))
+                           _tables(inputs[TABLE_START:], keep), _ptr(signal))
     _call("bs_epg_forward", args)
     return signal
 
@@ -153,20 +208,24 @@ def jvp(st: Static, inputs, tangents) -> tuple[torch.Tensor, torch.Tensor]:
         if t is not None and t.shape[0] < width:
             t = torch.cat([t, t.new_zeros((width - t.shape[0],) + t.shape[1:])])
         padded.append(None if t is None else t.contiguous())
+    keep = []
     signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
     signal_tangent = torch.empty((width, st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
+    tangent_struct, tables_tangent = _tangents(st, padded, width, keep)
     args = nat.JvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                       _tangents(st, padded, width), _ptr(signal), _ptr(signal_tangent))
+                       _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(signal),
+                       _ptr(signal_tangent))
     _call("bs_epg_jvp", args)
     return signal, signal_tangent[:P]
 
 
 def vjp(st: Static, inputs, cotangent: torch.Tensor, wanted) -> list:
     """Gradients of Re<cotangent, signal> for the inputs flagged in `wanted` (others None)."""
+    keep = []
     cotangent = cotangent.to(_complex(st.dtype)).contiguous()
-    grads, out = _grads(st, wanted)
+    grads, table_grads, out = _grads(st, inputs, wanted)
     args = nat.VjpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                       _ptr(cotangent), grads)
+                       _tables(inputs[TABLE_START:], keep), _ptr(cotangent), grads, table_grads)
     _call("bs_epg_vjp", args)
     return _fold(inputs, out)
 
@@ -176,16 +235,19 @@ def vjp_jvp(st: Static, inputs, tangents, cotangent, cotangent_tangent, wanted):
 
     Returns (grads, grads_tangent, signal_tangent [V, S]).
     """
+    keep = []
     cotangent = cotangent.to(_complex(st.dtype)).contiguous()
     if cotangent_tangent is not None:
         cotangent_tangent = cotangent_tangent.to(_complex(st.dtype)).contiguous()
     tangents = [None if t is None else t.contiguous() for t in tangents]
-    grads, out = _grads(st, wanted)
-    grads_t, out_t = _grads(st, wanted)
+    grads, table_grads, out = _grads(st, inputs, wanted)
+    grads_t, table_grads_t, out_t = _grads(st, inputs, wanted)
     signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
     signal_t = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
+    tangent_struct, tables_tangent = _tangents(st, tangents, 1, keep)
     args = nat.VjpJvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                          _tangents(st, tangents, 1), _ptr(cotangent), _ptr(cotangent_tangent), grads, grads_t,
-                          _ptr(signal), _ptr(signal_t))
+                          _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(cotangent),
+                          _ptr(cotangent_tangent), grads, grads_t, table_grads, table_grads_t, _ptr(signal),
+                          _ptr(signal_t))
     _call("bs_epg_vjp_jvp", args)
     return _fold(inputs, out), _fold(inputs, out_t), signal_t

@@ -42,6 +42,8 @@ class Program:
     crusher_dk_rad_per_m: float
     voxel_size_m: float
     sample_events: list  # description index of each recorded sample
+    sat_per_rad2: np.ndarray  # [E] saturation constant S of each rotating pulse's definition (0 elsewhere)
+    rf_hz: np.ndarray  # [E] frequency offset of each rotating pulse, Hz
     axis_phase_rad: float = 0.0  # the common pulse axis on the real path
 
 
@@ -107,10 +109,11 @@ def compile_program(
 
     raster = description.rf_raster_time_s
     kept, times, actions, records, flips, phases, samples = [], [], [], [], [], [], []
+    sats, freqs = [], []
     rotate_phases = []  # (phase value, differentiable?) of every rotating pulse
     for index, event in enumerate(description.events):
         bits = int(event.action) & _WINDING | int(event.action) & int(EventAction.SPOIL_AFTER)
-        slot, flip, phase = -1, 0.0, 0.0
+        slot, flip, phase, sat, freq = -1, 0.0, 0.0, 0.0, 0.0
         if event.type == EventType.RF:
             if event.rf_use == RfUse.INVERSION:
                 bits |= nat.INVERSION
@@ -120,6 +123,8 @@ def compile_program(
                 flip, extra = definition.signed_flip(event.rf_amplitude_hz, rf_raster_time_s=raster)
                 phase = event.rf_phase_rad + extra if not _is_zero(extra) else event.rf_phase_rad
                 rotate_phases.append(phase)
+                sat = definition.saturation(rf_raster_time_s=raster)
+                freq = event.rf_frequency_hz
         elif event.type == EventType.ADC:
             phase = event.adc_phase_rad
             if _keep_sample(event, record):
@@ -134,8 +139,10 @@ def compile_program(
         records.append(slot)
         flips.append(flip)
         phases.append(phase)
+        sats.append(float(sat))
+        freqs.append(freq)
     if not kept:  # nothing happens: keep one inert event so the program is well formed
-        times, actions, records, flips, phases = [0.0], [0], [-1], [0.0], [0.0]
+        times, actions, records, flips, phases, sats, freqs = [0.0], [0], [-1], [0.0], [0.0], [0.0], [0.0]
 
     t_us = _as_f64(times)
     dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
@@ -179,8 +186,18 @@ def compile_program(
         crusher_dk_rad_per_m=geometry_dk,
         voxel_size_m=voxel,
         sample_events=samples,
+        sat_per_rad2=np.asarray(sats, dtype=np.float64),
+        rf_hz=np.asarray([_float_values(f) for f in freqs], dtype=np.float64),
         axis_phase_rad=axis,
     )
+
+
+def _float_values(x) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise NotImplementedError("RF frequency offsets with a train axis are not supported by the engine yet")
+        return float(x.detach())
+    return float(x)
 
 
 def _is_zero(x) -> bool:

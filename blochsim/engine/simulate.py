@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
+from .pools import interval_rows, pool_model, pool_tables
 from .program import Program, compile_program
-from .tissue import PackedTissue, pack_tissue
+from .tissue import pack_tissue
 
-__all__ = ["simulate", "jacobian", "bind"]
+__all__ = ["simulate", "jacobian", "bind", "prepare"]
 
 _PATHS = ("auto", "real", "complex")
 
 
-def bind(program: Program, packed: PackedTissue, dtype: torch.dtype, checkpoint_stride: int = 4):
-    """The kernel call of a program and packed tissue: (Static, inputs)."""
+def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int = 4, lineshape="super-lorentzian",
+         active=()):
+    """The kernel call of a program and a tissue: (Static, inputs, voxel_shape)."""
+    packed = pack_tissue(tissue, dtype=dtype, active=active)
+    model = pool_model(tissue)
+    values = tuple(v.to(dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad))
+    extra = {}
+    tables = (None,) * len(nat.TABLES)
+    if model.pooled:
+        interval_events = (program.action & nat.INTERVAL) != 0
+        lengths, rows, wrap = interval_rows(program.dt_s, program.dt_wrap_s, interval_events,
+                                            program.num_repetitions)
+        L, r, T, zeq, sat = pool_tables(tissue, model, packed.voxel_shape, lengths, program.sat_per_rad2,
+                                        program.rf_hz, lineshape)
+        complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
+        tables = (L.to(dtype), r.to(dtype), T.to(complex_dtype), zeq.to(dtype), None if sat is None else sat.to(dtype))
+        extra = dict(num_transverse_pools=model.num_transverse, num_longitudinal_pools=model.num_longitudinal,
+                     interval=rows, wrap_interval=wrap, num_intervals=int(lengths.numel()))
     static = K.Static(
         action=torch.from_numpy(program.action),
         record=torch.from_numpy(program.record),
@@ -29,18 +49,19 @@ def bind(program: Program, packed: PackedTissue, dtype: torch.dtype, checkpoint_
         checkpoint_stride=checkpoint_stride,
         num_voxels=packed.num_voxels,
         dtype=dtype,
+        **extra,
     )
-    values = (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad)
-    inputs = tuple(v.to(dtype) for v in values) + packed.values
-    return static, inputs
+    return static, values + packed.values + tables, packed.voxel_shape
 
 
-def _prepare(description, tissue, *, states, repetitions, record, dtype, path, checkpoint_stride, active=()):
+def prepare(description, tissue, *, states, repetitions, record, dtype, path, checkpoint_stride, lineshape,
+            active=()):
+    """Compile and bind: (program, static, inputs, voxel_shape)."""
     if path not in _PATHS:
         raise ValueError(f"path must be one of {_PATHS}, got {path!r}")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    packed = pack_tissue(tissue, dtype=dtype, active=active)
+    packed = pack_tissue(tissue, dtype=dtype, active=active)  # validates, and tells the path
     program = compile_program(
         description,
         repetitions=repetitions,
@@ -52,10 +73,11 @@ def _prepare(description, tissue, *, states, repetitions, record, dtype, path, c
     if path == "real" and program.path != nat.PATH_REAL:
         raise ValueError(
             "path='real' needs every pulse on one phase axis (modulo half turns), no differentiated RF phase, "
-            "and no B0, B1phase or v; this sequence or tissue needs the complex path"
+            "and no B0, B1phase, v or pool shifts; this sequence or tissue needs the complex path"
         )
-    static, inputs = bind(program, packed, dtype, checkpoint_stride)
-    return packed, program, static, inputs
+    static, inputs, voxel_shape = bind(program, tissue, dtype, checkpoint_stride=checkpoint_stride,
+                                       lineshape=lineshape, active=active)
+    return program, static, inputs, voxel_shape
 
 
 def simulate(
@@ -68,14 +90,15 @@ def simulate(
     dtype: torch.dtype = torch.float32,
     path: str = "auto",
     checkpoint_stride: int = 4,
+    lineshape: str = "super-lorentzian",
 ) -> torch.Tensor:
     """Signal of every voxel, complex, shape (*voxel_shape, samples). Differentiable in both modes."""
-    packed, program, static, inputs = _prepare(
+    program, static, inputs, voxel_shape = prepare(
         description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
-        checkpoint_stride=checkpoint_stride,
+        checkpoint_stride=checkpoint_stride, lineshape=lineshape,
     )
     signal = EpgSimulate.apply(static, *inputs)
-    return signal.reshape(packed.voxel_shape + (program.num_samples,))
+    return signal.reshape(voxel_shape + (program.num_samples,))
 
 
 def jacobian(
@@ -89,22 +112,39 @@ def jacobian(
     dtype: torch.dtype = torch.float32,
     path: str = "auto",
     checkpoint_stride: int = 4,
+    lineshape: str = "super-lorentzian",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(signal (*voxel, samples), J (*voxel, P, samples)): forward mode along the named tissue fields.
 
-    Differentiable once more (reverse mode) with respect to the sequence values and the tissue.
+    Every kernel input's tangent along a field (tissue buffers, pool tables) comes from forward-mode
+    autograd through the packing; all P columns then run in one JVP launch. Differentiable once more
+    (reverse mode) with respect to the sequence values and the tissue.
     """
     fields = tuple(fields)
+    names = {f.name for f in dataclasses.fields(tissue)}
     for name in fields:
-        if name not in nat.TISSUE_PARAMS:
-            raise ValueError(f"jacobian field {name!r} is not a kernel tissue field; accepted: {nat.TISSUE_PARAMS}")
-    packed, program, static, inputs = _prepare(
+        if name not in names:
+            raise ValueError(f"jacobian field {name!r} is not a tissue field; accepted: {sorted(names)}")
+    program, static, inputs, voxel_shape = prepare(
         description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
-        checkpoint_stride=checkpoint_stride, active=fields,
+        checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields,
     )
-    columns = [nat.TISSUE_PARAMS.index(name) for name in fields]
-    signal, jac = EpgJacobian.apply(static, columns, *inputs)
+    columns = []
+    for name in fields:
+        value = getattr(tissue, name)
+        base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(base, torch.ones_like(base))
+            _, dual_inputs, _ = bind(program, dataclasses.replace(tissue, **{name: dual}), dtype,
+                                     checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields)
+            columns.append([None if x is None else fwAD.unpack_dual(x).tangent for x in dual_inputs])
+    tangents = []
+    for i, x in enumerate(inputs):
+        parts = [c[i] for c in columns]
+        if x is None or all(t is None for t in parts):
+            tangents.append(None)
+        else:
+            tangents.append(torch.stack([torch.zeros_like(x) if t is None else t.to(x.dtype) for t in parts]))
+    signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
     S = program.num_samples
-    return signal.reshape(packed.voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(
-        packed.voxel_shape + (len(fields), S)
-    )
+    return signal.reshape(voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(voxel_shape + (len(fields), S))

@@ -23,7 +23,6 @@ TIME_FIELDS = ("t1_ms", "t2_ms", "t1_bound_ms", "t2_bound_ms", "t2_prime_ms") + 
     f"t{n}_pool_{p}_ms" for p in "bcde" for n in (1, 2)
 )
 _FRACTIONS = ("bound_fraction", "pool_b_fraction", "pool_c_fraction", "pool_d_fraction", "pool_e_fraction")
-_POOL_FIELDS = tuple(name for name in IDENTITY if "pool_" in name or "bound" in name)
 
 
 @dataclass
@@ -96,22 +95,20 @@ def pack_tissue(
     Fields named in `active` are sent even at their identity value (a Jacobian needs them).
     """
     check_tissue(tissue)
-    for name in _POOL_FIELDS + ("t2_prime_ms",):
-        if not _is_identity(getattr(tissue, name), IDENTITY[name]):
-            raise NotImplementedError(
-                f"{name}: the fast kernels simulate free water only so far (pool models with semisolid and "
-                "exchanging pools, and T2prime, are not built yet); blochsim._reference.play simulates them"
-            )
+    if not _is_identity(tissue.t2_prime_ms, IDENTITY["t2_prime_ms"]):
+        raise NotImplementedError(
+            "t2_prime_ms: T2prime (intravoxel spread on the samples) is not built into the engine yet"
+        )
     raw = {}
     for name in nat.TISSUE_PARAMS:
         value = getattr(tissue, name)
         if name in ("t1_ms", "t2_ms") or name in active or not _is_identity(value, IDENTITY[name]):
             raw[name] = value
-    shapes = [torch.as_tensor(v).shape for v in raw.values() if isinstance(v, torch.Tensor)]
+    shapes = [v.shape for _, v in tissue.items() if isinstance(v, torch.Tensor)]
     try:
         voxel_shape = broadcast_shapes(*shapes)
     except ValueError:
-        given = ", ".join(f"{k} {tuple(torch.as_tensor(v).shape)}" for k, v in raw.items())
+        given = ", ".join(f"{k} {tuple(v.shape)}" for k, v in tissue.items() if isinstance(v, torch.Tensor))
         raise ValueError(f"tissue properties do not broadcast against each other: {given}") from None
     num_voxels = math.prod(voxel_shape)
     values = []
@@ -129,4 +126,7 @@ def pack_tissue(
         else:
             values.append(t.expand(voxel_shape).reshape(-1).contiguous())
     phase = any(name in raw for name in ("b0_hz", "b1_phase_rad", "velocity_m_per_s"))
+    phase = phase or any(
+        not _is_identity(getattr(tissue, f"pool_{x}_shift_hz"), 0.0) for x in "bcde"
+    )
     return PackedTissue(voxel_shape, num_voxels, tuple(values), phase)

@@ -5,9 +5,9 @@ namespace bs {
 template <class R>
 void forward_entry(const bs_epg_forward_args& a) {
   if (a.program.path == BS_PATH_REAL)
-    run_forward<R, R>(a.program, a.tissue, nullptr, a.num_threads, a.signal, nullptr);
+    run_forward<R, R>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.signal, nullptr);
   else
-    run_forward<R, Cx<R>>(a.program, a.tissue, nullptr, a.num_threads, a.signal, nullptr);
+    run_forward<R, Cx<R>>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.signal, nullptr);
 }
 template void forward_entry<float>(const bs_epg_forward_args&);
 template void forward_entry<double>(const bs_epg_forward_args&);

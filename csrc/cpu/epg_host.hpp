@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "blochsim/epg.hpp"
+#include "blochsim/event_loop.hpp"
 #include "capi.h"
 #include "thread_pool.hpp"
 
@@ -16,7 +16,8 @@ namespace bs {
 constexpr int64_t kVoxelsPerBlock = 16;
 
 template <class R>
-Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg) {
+Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, const bs_tables& tb,
+                        const bs_tables* tb_tan) {
   Problem<R> pb;
   pb.E = pg.num_events;
   pb.reps = pg.num_repetitions;
@@ -60,16 +61,48 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
   if (!pb.tissue[BS_T1_MS].data || !pb.tissue[BS_T2_MS].data)
     throw std::invalid_argument("tissue T1 and T2 are required");
   pb.dk = pg.crusher_dk_rad_per_m;
-  pb.L = pg.voxel_size_m;
+  pb.voxel_m = pg.voxel_size_m;
   const bool moving = ts.data[BS_VELOCITY_M_PER_S] != nullptr;
   pb.diffusion = pb.dk != 0 && ts.data[BS_DIFFUSION_UM2_PER_MS] != nullptr;
   pb.flow = pb.dk != 0 && moving;
-  pb.washout = pb.L > 0 && moving;
+  pb.washout = pb.voxel_m > 0 && moving;
   pb.offres = ts.data[BS_B0_HZ] != nullptr;
   if (pg.path == BS_PATH_REAL && (pb.offres || moving || ts.data[BS_B1_PHASE_RAD]))
     throw std::invalid_argument("the real path cannot take B0, B1phase or v: compile for the complex path");
   for (int64_t e = 0; e < pb.E; ++e)
     if (pb.record[e] >= pb.S) throw std::invalid_argument("record slot out of range");
+  pb.nt = pg.num_transverse_pools;
+  pb.nl = pg.num_longitudinal_pools;
+  pb.tabulated = pg.tabulated != 0;
+  if (!pb.tabulated && (pb.nt != 1 || pb.nl != 1))
+    throw std::invalid_argument("pool model 0 has one transverse and one longitudinal pool");
+  if (pb.nt < 1 || pb.nl < pb.nt || pb.nl > kMaxPools)
+    throw std::invalid_argument("pools: need 1 <= num_transverse_pools <= num_longitudinal_pools <= 8");
+  if (pb.tabulated) {
+    pb.num_intervals = pg.num_intervals;
+    pb.interval = pg.interval;
+    pb.wrap_interval = pg.wrap_interval;
+    if (!pb.interval || !tb.L || !tb.r || !tb.T || !tb.zeq || (pb.nl > pb.nt && !tb.sat))
+      throw std::invalid_argument("a tabulated layout needs its interval rows and tables L, r, T, zeq (and sat)");
+    for (int64_t e = 0; e < pb.E; ++e)
+      if ((pb.action[e] & BS_INTERVAL) && (pb.interval[e] < 0 || pb.interval[e] >= pb.num_intervals))
+        throw std::invalid_argument("interval row out of range");
+    Input<R>* tables[5] = {&pb.table_L, &pb.table_r, &pb.table_T, &pb.table_zeq, &pb.table_sat};
+    const void* data[5] = {tb.L, tb.r, tb.T, tb.zeq, tb.sat};
+    const void* tans[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    if (tb_tan) {
+      tans[0] = tb_tan->L, tans[1] = tb_tan->r, tans[2] = tb_tan->T, tans[3] = tb_tan->zeq, tans[4] = tb_tan->sat;
+    }
+    for (int i = 0; i < 5; ++i) {
+      tables[i]->data = static_cast<const R*>(data[i]);
+      tables[i]->stride = tb.stride_v[i];
+      tables[i]->tan = static_cast<const R*>(tans[i]);
+      if (tb_tan) {
+        tables[i]->tan_stride_p = tb_tan->stride_p[i];
+        tables[i]->tan_stride = tb_tan->stride_v[i];
+      }
+    }
+  }
   return pb;
 }
 
@@ -101,22 +134,23 @@ inline Cx<N> load_complex(const typename Num<N>::Real* in, const typename Num<N>
 
 // Forward (N = R) and JVP (N = Dual<R, P>).
 template <class N, class S>
-void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, int threads, void* signal,
-                 void* signal_tangent) {
+void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, const bs_tangents* tg,
+                 const bs_tables* tb_tan, int threads, void* signal, void* signal_tangent) {
   using R = typename Num<N>::Real;
-  const Problem<R> pb = make_problem<R>(pg, ts, tg);
+  const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
   const int64_t V = ts.num_voxels, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
   R* out = static_cast<R*>(signal);
   R* out_tan = static_cast<R*>(signal_tangent);
   parallel_for(nblocks, threads, [&](int64_t b, int) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t need = sizeof(S) * 3 * pb.K * scratch_planes(pb, false) + sizeof(Cx<N>) * (pb.S + 1);
+    const size_t states_bytes = sizeof(S) * state_size(pb) * scratch_states(pb, false);
+    const size_t need = states_bytes + sizeof(Cx<N>) * (pb.S + 1);
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
     S* scratch = reinterpret_cast<S*>(scratch_bytes.data());
-    Cx<N>* samples = reinterpret_cast<Cx<N>*>(scratch_bytes.data() + sizeof(S) * 3 * pb.K * scratch_planes(pb, false));
+    Cx<N>* samples = reinterpret_cast<Cx<N>*>(scratch_bytes.data() + states_bytes);
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
       const Voxel<N> t = load_voxel<N>(pb, v);
-      forward_voxel<N, S>(pb, t, scratch, samples);
+      forward_voxel<N, S>(pb, v, t, scratch, samples);
       for (int64_t s = 0; s < pb.S; ++s) store_complex(samples[s], out, out_tan, v * pb.S + s, V * pb.S);
     }
   });
@@ -124,11 +158,18 @@ void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tangents* t
 
 // VJP (N = R) and second-order adjoint (N = Dual<R, 1>).
 template <class N, class S>
-void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, int threads, const void* cotangent,
-             const void* cotangent_tangent, const bs_grads& grads, const bs_grads* grads_tangent, void* signal,
-             void* signal_tangent) {
+void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, const bs_tangents* tg,
+             const bs_tables* tb_tan, int threads, const void* cotangent, const void* cotangent_tangent,
+             const bs_grads& grads, const bs_grads* grads_tangent, const bs_table_grads* table_grads,
+             const bs_table_grads* table_grads_tangent, void* signal, void* signal_tangent) {
   using R = typename Num<N>::Real;
-  const Problem<R> pb = make_problem<R>(pg, ts, tg);
+  const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
+  // Per-voxel table cotangents: L, r, T (complex), zeq, sat.
+  const int64_t D = pb.tabulated ? pb.num_intervals : 0, nl = pb.nl, nt = pb.nt;
+  const int64_t table_sizes[5] = {D * nl * nl, D * nl, 2 * D * nt * nt, pb.tabulated ? nl : 0,
+                                  pb.tabulated ? pb.E : 0};
+  int64_t table_total = 0;
+  for (int64_t n : table_sizes) table_total += n;
   const int64_t V = ts.num_voxels, E = pb.E, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
   const int64_t nev = 3 * E + 1;  // dt[E], flip[E], phase[E], dt_wrap
   std::vector<N> block_grads(static_cast<size_t>(nblocks * nev), N(0));
@@ -136,19 +177,42 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, i
   const R* cot_tan = static_cast<const R*>(cotangent_tangent);
   parallel_for(nblocks, threads, [&](int64_t b, int) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t planes_bytes = sizeof(S) * 3 * pb.K * scratch_planes(pb, true);
-    const size_t need = planes_bytes + 2 * sizeof(Cx<N>) * (pb.S + 1);
+    const size_t planes_bytes = sizeof(S) * state_size(pb) * scratch_states(pb, true);
+    const size_t need = planes_bytes + 2 * sizeof(Cx<N>) * (pb.S + 1) + sizeof(N) * (table_total + 1);
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
     S* scratch = reinterpret_cast<S*>(scratch_bytes.data());
     Cx<N>* w = reinterpret_cast<Cx<N>*>(scratch_bytes.data() + planes_bytes);
     Cx<N>* samples = w + (pb.S + 1);
+    N* table_acc = reinterpret_cast<N*>(samples + (pb.S + 1));
     N* acc = block_grads.data() + b * nev;
     EventGrad<N> eg{acc, acc + 3 * E, acc + E, acc + 2 * E};
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
       const Voxel<N> t = load_voxel<N>(pb, v);
       for (int64_t s = 0; s < pb.S; ++s) w[s] = load_complex<N>(cot, cot_tan, v * pb.S + s);
       VoxelGrad<N> g;
-      vjp_voxel<N, S>(pb, t, scratch, w, samples, g, eg);
+      for (int64_t i = 0; i < table_total; ++i) table_acc[i] = N(0);
+      TableGrad<N> tg{table_acc, table_acc + table_sizes[0],
+                      reinterpret_cast<Cx<N>*>(table_acc + table_sizes[0] + table_sizes[1]),
+                      table_acc + table_sizes[0] + table_sizes[1] + table_sizes[2],
+                      table_acc + table_sizes[0] + table_sizes[1] + table_sizes[2] + table_sizes[3]};
+      vjp_voxel<N, S>(pb, v, t, scratch, w, samples, g, eg, tg);
+      if (pb.tabulated && table_grads) {
+        void* const outs[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
+        void* const outs_t[5] = {
+            table_grads_tangent ? table_grads_tangent->L : nullptr, table_grads_tangent ? table_grads_tangent->r : nullptr,
+            table_grads_tangent ? table_grads_tangent->T : nullptr, table_grads_tangent ? table_grads_tangent->zeq : nullptr,
+            table_grads_tangent ? table_grads_tangent->sat : nullptr};
+        const N* src = table_acc;
+        for (int i = 0; i < 5; ++i) {
+          for (int64_t j = 0; j < table_sizes[i]; ++j) {
+            if (outs[i]) static_cast<R*>(outs[i])[v * table_sizes[i] + j] = value_of(src[j]);
+            if constexpr (Num<N>::P > 0) {
+              if (outs_t[i]) static_cast<R*>(outs_t[i])[v * table_sizes[i] + j] = src[j].d[0];
+            }
+          }
+          src += table_sizes[i];
+        }
+      }
       if (signal)
         for (int64_t s = 0; s < pb.S; ++s)
           store_complex(samples[s], static_cast<R*>(signal), static_cast<R*>(signal_tangent), v * pb.S + s, 0);

@@ -6,9 +6,11 @@ template <class R, int P>
 void jvp_at(const bs_epg_jvp_args& a) {
   using N = Dual<R, P>;
   if (a.program.path == BS_PATH_REAL)
-    run_forward<N, N>(a.program, a.tissue, &a.tangents, a.num_threads, a.signal, a.signal_tangent);
+    run_forward<N, N>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.signal,
+                      a.signal_tangent);
   else
-    run_forward<N, Cx<N>>(a.program, a.tissue, &a.tangents, a.num_threads, a.signal, a.signal_tangent);
+    run_forward<N, Cx<N>>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.signal,
+                          a.signal_tangent);
 }
 
 template <class R>

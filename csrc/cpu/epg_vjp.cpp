@@ -5,11 +5,11 @@ namespace bs {
 template <class R>
 void vjp_entry(const bs_epg_vjp_args& a) {
   if (a.program.path == BS_PATH_REAL)
-    run_vjp<R, R>(a.program, a.tissue, nullptr, a.num_threads, a.cotangent, nullptr, a.grads, nullptr, nullptr,
-                  nullptr);
+    run_vjp<R, R>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.cotangent, nullptr, a.grads,
+                  nullptr, &a.table_grads, nullptr, nullptr, nullptr);
   else
-    run_vjp<R, Cx<R>>(a.program, a.tissue, nullptr, a.num_threads, a.cotangent, nullptr, a.grads, nullptr, nullptr,
-                      nullptr);
+    run_vjp<R, Cx<R>>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.cotangent, nullptr, a.grads,
+                      nullptr, &a.table_grads, nullptr, nullptr, nullptr);
 }
 template void vjp_entry<float>(const bs_epg_vjp_args&);
 template void vjp_entry<double>(const bs_epg_vjp_args&);

@@ -9,11 +9,13 @@ void vjp_jvp_entry(const bs_epg_vjp_jvp_args& a) {
                                 std::to_string(a.tangents.count));
   using N = Dual<R, 1>;
   if (a.program.path == BS_PATH_REAL)
-    run_vjp<N, N>(a.program, a.tissue, &a.tangents, a.num_threads, a.cotangent, a.cotangent_tangent, a.grads,
-                  &a.grads_tangent, a.signal, a.signal_tangent);
+    run_vjp<N, N>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.cotangent,
+                  a.cotangent_tangent, a.grads, &a.grads_tangent, &a.table_grads, &a.table_grads_tangent, a.signal,
+                  a.signal_tangent);
   else
-    run_vjp<N, Cx<N>>(a.program, a.tissue, &a.tangents, a.num_threads, a.cotangent, a.cotangent_tangent, a.grads,
-                      &a.grads_tangent, a.signal, a.signal_tangent);
+    run_vjp<N, Cx<N>>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.cotangent,
+                      a.cotangent_tangent, a.grads, &a.grads_tangent, &a.table_grads, &a.table_grads_tangent,
+                      a.signal, a.signal_tangent);
 }
 template void vjp_jvp_entry<float>(const bs_epg_vjp_jvp_args&);
 template void vjp_jvp_entry<double>(const bs_epg_vjp_jvp_args&);

@@ -38,6 +38,17 @@ struct Input {
   R identity = 0;
 };
 
+// Element i of voxel v of a per-voxel table (stride = the voxel stride; tan_stride = the tangents' voxel stride).
+template <class N, class R>
+BS_HD N fetch_table(const Input<R>& in, int64_t v, int64_t i) {
+  N x = N(in.data[v * in.stride + i]);
+  if constexpr (Num<N>::P > 0) {
+    if (in.tan)
+      for (int p = 0; p < Num<N>::P; ++p) x.d[p] = in.tan[p * in.tan_stride_p + v * in.tan_stride + i];
+  }
+  return x;
+}
+
 template <class N, class R>
 BS_HD N fetch(const Input<R>& in, int64_t i) {
   N x = N(in.data ? in.data[i * in.stride] : in.identity);
@@ -58,8 +69,16 @@ struct Problem {
   Input<R> dt, dt_wrap, flip, phase;
   Input<R> tissue[BS_NUM_TISSUE];
   double dk;  // crusher dephasing per m
-  double L;   // voxel size, m (0: none)
+  double voxel_m;  // voxel size, m (0: none)
   bool diffusion, flow, washout, offres;
+  // Pools: nt water-like pools carry transverse states; the last nl - nt longitudinal pools are semisolid.
+  // Tabulated layouts read their interval operators from per-voxel tables (see relax_tables.hpp).
+  int nt = 1, nl = 1;
+  bool tabulated = false;
+  int64_t num_intervals = 0;
+  const int32_t* interval = nullptr;  // [E] table row of each event's interval
+  int64_t wrap_interval = 0;          // table row of event 0's interval on later repetitions
+  Input<R> table_L, table_r, table_T, table_zeq, table_sat;  // element (v, i) at data[v * stride + i]
 };
 
 // Tissue of one voxel in kernel units (rates in 1/s).
@@ -192,15 +211,18 @@ struct Interval {
   N Dk = N(0);     // diffusion rate per unit c_n, 1/s
   N phv = N(0);    // dk v dt: flow phase per order
   double dk = 0, dk2 = 0;
-  bool diffusion = false, flow = false, washout = false, offres = false;
+  bool diffusion = false, flow = false, washout = false, offres = false, tabulated = false;
 };
 
+// With `tabulated`, relaxation and precession come from the tables: only diffusion, flow and washout remain.
 template <class N, class R>
 BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const N& dt, bool offres) {
   Interval<N> c;
   c.dt = dt;
-  c.E1 = exp(-(t.r1 * dt));
-  c.E2 = exp(-(t.r2 * dt));
+  c.tabulated = pb.tabulated;
+  c.E1 = pb.tabulated ? N(1) : exp(-(t.r1 * dt));
+  c.E2 = pb.tabulated ? N(1) : exp(-(t.r2 * dt));
+  offres = offres && !pb.tabulated;
   c.offres = offres;
   c.rot = offres ? cis(-(R(2 * kPi) * t.b0 * dt)) : Cx<N>(N(1));
   c.diffusion = pb.diffusion;
@@ -215,11 +237,11 @@ BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const N
   c.dw_dv = N(0);
   if (pb.washout) {
     const R sgn = value_of(t.v) < 0 ? R(-1) : R(1);
-    const N frac = sgn * t.v * dt / R(pb.L);
+    const N frac = sgn * t.v * dt / R(pb.voxel_m);
     if (value_of(frac) < R(1)) {
       c.w = R(1) - frac;
-      c.dw_ddt = -(sgn * t.v) / R(pb.L);
-      c.dw_dv = -(sgn * dt) / R(pb.L);
+      c.dw_ddt = -(sgn * t.v) / R(pb.voxel_m);
+      c.dw_dv = -(sgn * dt) / R(pb.voxel_m);
     } else {
       c.w = N(0);
     }
@@ -301,6 +323,45 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c) {
   x.z[0] += S(-az0.re + typename Num<N>::Real(1));
 }
 
+// Sums over orders (and pools) of q = conj(lambda') * a_nowash * x, plain and weighted by the order terms
+// of diffusion (c_n) and flow (n + 1/2): the interval's parameter gradients are linear in them.
+template <class N>
+struct IntervalSums {
+  Cx<N> QP, QM, QZ, QPc, QMc, QZc, QPf, QMf, QZf;
+};
+
+// Parameter gradients of an interval from its sums: dt, rates, B0, D, v (see order_factors).
+template <class N>
+BS_HD void interval_grads(const Interval<N>& c, const Voxel<N>& t, const IntervalSums<N>& q, VoxelGrad<N>& g,
+                          N* g_dt) {
+  using R = typename Num<N>::Real;
+  const N w = c.w;
+  const N q_all = re(q.QP) + re(q.QM) + re(q.QZ);
+  // Re(-i a Q) = a Im Q: precession and flow turn the transverse planes in opposite senses.
+  N gdt = N(0);
+  if (!c.tabulated) {  // tabulated layouts carry relaxation and precession in their tables
+    gdt = -(t.r2 * (re(q.QP) + re(q.QM))) - t.r1 * re(q.QZ);
+    g.r2 += -(w * c.dt * (re(q.QP) + re(q.QM)));
+    g.r1 += -(w * c.dt * re(q.QZ));
+  }
+  if (c.offres) {
+    gdt += R(2 * kPi) * t.b0 * (im(q.QP) - im(q.QM));
+    g.b0 += w * (R(2 * kPi) * c.dt * (im(q.QP) - im(q.QM)));
+  }
+  if (c.diffusion) {
+    const N qc = re(q.QPc) + re(q.QMc) + re(q.QZc);
+    gdt -= c.Dk * qc;
+    g.D += -(w * (R(1e-9 * c.dk2) * c.dt * qc));
+  }
+  if (c.flow) {
+    const N qf = im(q.QPf) - im(q.QMf) + im(q.QZf);
+    gdt += R(c.dk) * t.v * qf;
+    g.v += w * (R(c.dk) * c.dt * qf);
+  }
+  if (c.washout) g.v += c.dw_dv * q_all;
+  *g_dt += w * gdt + c.dw_ddt * q_all;
+}
+
 // Adjoint of relax. x is the state before the interval. Adds d/d(dt) to *g_dt and tissue terms to g.
 template <class N, class S>
 BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>& c, const Voxel<N>& t,
@@ -355,30 +416,8 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     l.z[k] = factor_adjoint(l.z[k], az * c.w);
   }
   }
-  const N w = c.w;
-  const N q_all = re(QP) + re(QM) + re(QZ);
-  // Re(-i a Q) = a Im Q: precession and flow turn the transverse planes in opposite senses.
-  N gdt = -(t.r2 * (re(QP) + re(QM))) - t.r1 * re(QZ);
-  if (c.offres) {
-    gdt += R(2 * kPi) * t.b0 * (im(QP) - im(QM));
-    g.b0 += w * (R(2 * kPi) * c.dt * (im(QP) - im(QM)));
-  }
-  if (c.diffusion) {
-    const N qc = re(QPc) + re(QMc) + re(QZc);
-    gdt -= c.Dk * qc;
-    g.D += -(w * (R(1e-9 * c.dk2) * c.dt * qc));
-  }
-  if (c.flow) {
-    const N qf = im(QPf) - im(QMf) + im(QZf);
-    gdt += R(c.dk) * t.v * qf;
-    g.v += w * (R(c.dk) * c.dt * qf);
-  }
-  if (c.washout) g.v += c.dw_dv * q_all;
-  *g_dt += w * gdt + c.dw_ddt * q_all;
-  g.r2 += -(w * c.dt * (re(QP) + re(QM)));
-  g.r1 += -(w * c.dt * re(QZ));
+  interval_grads(c, t, IntervalSums<N>{QP, QM, QZ, QPc, QMc, QZc, QPf, QMf, QZf}, g, g_dt);
 }
-
 
 // ---- RF: inversion and rotation -------------------------------------------------------------------------
 template <class S, class N>
@@ -491,129 +530,6 @@ BS_HD void add_sample_adjoint(Cx<N>& l_p0, const Cx<N>& w, const Cx<N>& c) {  //
 template <class N>
 BS_HD void add_sample_adjoint(N& l_f0, const Cx<N>& w, const Cx<N>& c) {  // signal = c * (-i f0)
   l_f0 += re_dot(w, mul_i(-c));
-}
-
-// ---- one event, forward and adjoint ---------------------------------------------------------------------
-template <class N, class S, class R>
-BS_HD void step_forward(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev, Planes<S> x,
-                        Cx<N>* samples) {
-  constexpr bool complex_path = !std::is_same<S, N>::value;
-  const int64_t K = pb.K;
-  if (ev.action & BS_INTERVAL) relax(x, K, make_interval(pb, t, ev.dt, pb.offres));
-  if (ev.action & BS_CRUSH_BEFORE) shift(x, K);
-  if (ev.action & BS_INVERSION) {
-    invert(x, K, t.inv);
-  } else if (ev.action & BS_ROTATE) {
-    rotate(x, K, make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, complex_path));
-  }
-  if (samples && ev.record >= 0 && ev.last_rep) samples[ev.record] = transverse(x.p[0]) * cis(-ev.phase) * t.m0;
-  if (ev.action & BS_CRUSH_AFTER) shift(x, K);
-  if (ev.action & BS_SPOIL_AFTER) {
-    spoil(x, K);
-  } else if (ev.action & BS_SHIFT_AFTER) {
-    shift(x, K);
-  }
-}
-
-// Event-value gradient accumulators (summed over repetitions).
-template <class N>
-struct EventGrad {
-  N* dt;       // [E]
-  N* dt_wrap;  // [1]
-  N* flip;     // [E]
-  N* phase;    // [E]
-};
-
-// Adjoint of one event. x_pre: state before the event; tmp: scratch planes; l: lambda, updated in place.
-template <class N, class S, class R>
-BS_HD void step_adjoint(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev, Planes<S> x_pre,
-                        Planes<S> tmp, Planes<S> l, const Cx<N>* cot, VoxelGrad<N>& g, EventGrad<N> eg) {
-  constexpr bool complex_path = !std::is_same<S, N>::value;
-  const int64_t K = pb.K;
-  // Recompute the state ahead of the RF / ADC.
-  copy_planes(tmp, x_pre, K);
-  Interval<N> iv;
-  if (ev.action & BS_INTERVAL) {
-    iv = make_interval(pb, t, ev.dt, pb.offres);
-    relax(tmp, K, iv);
-  }
-  if (ev.action & BS_CRUSH_BEFORE) shift(tmp, K);
-  // Reverse order.
-  if (ev.action & BS_SPOIL_AFTER) {
-    spoil(l, K);
-  } else if (ev.action & BS_SHIFT_AFTER) {
-    shift_adjoint(l, K);
-  }
-  if (ev.action & BS_CRUSH_AFTER) shift_adjoint(l, K);
-  if (cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
-    const Cx<N> w = cot[ev.record];
-    const Cx<N> turn = cis(-ev.phase);
-    const Cx<N> u = transverse(tmp.p[0]) * turn;
-    g.m0 += re_dot(w, u);
-    eg.phase[ev.e] += t.m0 * re_dot(w, mul_i(-u));
-    add_sample_adjoint(l.p[0], w, turn * t.m0);
-  }
-  if (ev.action & BS_INVERSION) {
-    invert_adjoint(l, tmp, K, t.inv, g.inv);
-  } else if (ev.action & BS_ROTATE) {
-    N g_alpha = N(0), g_phi = N(0);
-    rotate_adjoint(l, tmp, K, make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, complex_path), g_alpha, g_phi);
-    eg.flip[ev.e] += g_alpha * t.b1;
-    g.b1 += g_alpha * ev.flip;
-    eg.phase[ev.e] += g_phi;
-    g.b1phase += g_phi;
-  }
-  if (ev.action & BS_CRUSH_BEFORE) shift_adjoint(l, K);
-  if (ev.action & BS_INTERVAL) relax_adjoint(l, x_pre, K, iv, t, g, ev.wrap ? eg.dt_wrap : eg.dt + ev.e);
-}
-
-// ---- whole voxels ---------------------------------------------------------------------------------------
-// Scratch a voxel needs, in units of S: the planes of the current state, tmp, lambda, the replay buffer
-// (stride states) and the checkpoints (one every stride events).
-template <class R>
-BS_HD int64_t scratch_planes(const Problem<R>& pb, bool adjoint) {
-  const int64_t n = pb.E * pb.reps;
-  return adjoint ? 3 + pb.stride + (n + pb.stride - 1) / pb.stride : 1;
-}
-
-template <class S>
-BS_HD Planes<S> planes_at(S* base, int64_t K, int64_t index) {
-  S* b = base + 3 * K * index;
-  return Planes<S>{b, b + K, b + 2 * K};
-}
-
-template <class N, class S, class R>
-BS_HD void forward_voxel(const Problem<R>& pb, const Voxel<N>& t, S* scratch, Cx<N>* samples) {
-  Planes<S> x = planes_at(scratch, pb.K, 0);
-  equilibrium(x, pb.K);
-  const int64_t n = pb.E * pb.reps;
-  for (int64_t i = 0; i < n; ++i) step_forward(pb, t, load_event<N>(pb, i), x, samples);
-}
-
-// Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
-// replays each stretch from its checkpoint. Writes the forward samples too when `samples` is given.
-template <class N, class S, class R>
-BS_HD void vjp_voxel(const Problem<R>& pb, const Voxel<N>& t, S* scratch, const Cx<N>* cot, Cx<N>* samples,
-                     VoxelGrad<N>& g, EventGrad<N> eg) {
-  const int64_t K = pb.K, n = pb.E * pb.reps, stride = pb.stride;
-  Planes<S> x = planes_at(scratch, K, 0), tmp = planes_at(scratch, K, 1), l = planes_at(scratch, K, 2);
-  auto replay = [&](int64_t j) { return planes_at(scratch, K, 3 + j); };
-  auto checkpoint = [&](int64_t c) { return planes_at(scratch, K, 3 + stride + c); };
-  equilibrium(x, K);
-  for (int64_t i = 0; i < n; ++i) {
-    if (i % stride == 0) copy_planes(checkpoint(i / stride), x, K);
-    step_forward(pb, t, load_event<N>(pb, i), x, samples);
-  }
-  zero_planes(l, K);
-  for (int64_t c = (n - 1) / stride; c >= 0; --c) {
-    const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
-    copy_planes(x, checkpoint(c), K);
-    for (int64_t i = i0; i < i1; ++i) {
-      copy_planes(replay(i - i0), x, K);
-      if (i + 1 < i1) step_forward(pb, t, load_event<N>(pb, i), x, static_cast<Cx<N>*>(nullptr));
-    }
-    for (int64_t i = i1 - 1; i >= i0; --i) step_adjoint(pb, t, load_event<N>(pb, i), replay(i - i0), tmp, l, cot, g, eg);
-  }
 }
 
 }  // namespace bs

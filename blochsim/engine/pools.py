@@ -1,0 +1,168 @@
+"""Pool tables: the interval operators of coupled pools, per voxel and distinct interval (DESIGN.md section 3).
+
+For tissue with a semisolid pool or exchanging pools B..E, the engine forms in float64, for every voxel and
+every distinct interval length dt,
+  L = exp(A dt)   longitudinal, A = -diag(R1) + X (all pools),
+  r = (I - L) Zeq recovery of Z(0) toward the equilibrium fractions,
+  T = exp(C dt)   transverse, C = -diag(R2) - i 2 pi diag(B0 + shift) + X_w (water-like pools only),
+and per RF event the semisolid saturation rate sat = S * G(f_rf - B0) (Malik 2018, EPG-X). X is the
+Bloch-McConnell exchange generator with free water as the hub: rate free -> p is k_p f_p, rate p -> free
+is k_p f_free. The kernels multiply by the tables and return cotangents on them; autograd carries those
+to every pool property, to T1, T2, B0 and to the interval lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._reference.lineshape import LINESHAPES, absorption_lineshape
+from ..sequence.tissue import POOL_LETTERS
+
+__all__ = ["PoolModel", "pool_model", "pool_tables", "interval_rows", "LINESHAPES"]
+
+
+@dataclass
+class PoolModel:
+    """Which pools a tissue has: water-like pool letters after free water, and the semisolid pool."""
+
+    letters: tuple  # exchanging pools present, in order b, c, d, e
+    semisolid: bool
+
+    @property
+    def num_transverse(self) -> int:
+        return 1 + len(self.letters)
+
+    @property
+    def num_longitudinal(self) -> int:
+        return self.num_transverse + int(self.semisolid)
+
+    @property
+    def pooled(self) -> bool:
+        return self.num_longitudinal > 1
+
+
+def _present(value) -> bool:
+    """A pool is present when its fraction is a tensor or a nonzero number (as in the oracle)."""
+    return isinstance(value, torch.Tensor) or float(value) != 0.0
+
+
+def pool_model(tissue) -> PoolModel:
+    letters = tuple(x for x in POOL_LETTERS if _present(getattr(tissue, f"pool_{x}_fraction")))
+    return PoolModel(letters, _present(tissue.bound_fraction))
+
+
+def _f64(value) -> torch.Tensor:
+    return value.to(torch.float64) if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+
+
+def _rate(t_ms: torch.Tensor) -> torch.Tensor:
+    """1/T in 1/s; T clamped to >= 1e-6 ms (T = 0 gives no signal), T = inf gives 0."""
+    return 1000.0 / t_ms.clamp_min(1e-6)
+
+
+def interval_rows(dt_s: torch.Tensor, dt_wrap_s: torch.Tensor, interval_events, repetitions: int):
+    """Distinct intervals: (lengths [D], row of each event [E] int32, wrap row).
+
+    When the lengths are differentiated every interval gets its own row, so that a gradient reaches the
+    very tensor it came from; otherwise equal lengths share a row.
+    """
+    E = dt_s.numel()
+    candidates = torch.cat([dt_s, dt_wrap_s])
+    if candidates.requires_grad:
+        rows = torch.arange(E + 1, dtype=torch.int32)
+        return candidates, rows[:E].contiguous(), E
+    values, inverse = torch.unique(candidates.detach(), return_inverse=True)
+    inverse = inverse.to(torch.int32)
+    return values, inverse[:E].contiguous(), int(inverse[E])
+
+
+def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2, rf_hz,
+                lineshape: str):
+    """Tables (L, r, T, zeq, sat) in float64, each with a leading voxel axis (V, or 1 when uniform).
+
+    `sat_per_rad2` [E] is the saturation constant S of each RF event's definition (0 elsewhere) and
+    `rf_hz` [E] its frequency offset; sat is None without a semisolid pool.
+    """
+    if lineshape not in LINESHAPES:
+        raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
+    water = [""] + list(model.letters)
+    fields = {}
+
+    def get(name):
+        if name not in fields:
+            fields[name] = _f64(getattr(tissue, name))
+        return fields[name]
+
+    f_pools = [get(f"pool_{x}_fraction") for x in model.letters]
+    k_pools = [get(f"pool_{x}_exchange_hz") for x in model.letters]
+    r1 = [_rate(get("t1_ms"))] + [_rate(get(f"t1_pool_{x}_ms")) for x in model.letters]
+    r2 = [_rate(get("t2_ms"))] + [_rate(get(f"t2_pool_{x}_ms")) for x in model.letters]
+    shift = [torch.zeros(())] + [get(f"pool_{x}_shift_hz") for x in model.letters]
+    if model.semisolid:
+        f_pools.append(get("bound_fraction"))
+        k_pools.append(get("bound_exchange_hz"))
+        r1.append(_rate(get("t1_bound_ms")))
+    f_free = 1.0 - sum(f_pools) if f_pools else torch.ones(())
+    b0 = get("b0_hz")
+    nl, nt = model.num_longitudinal, model.num_transverse
+    shape = torch.broadcast_shapes(*[t.shape for t in fields.values()]) if fields else ()
+    full = lambda t: torch.as_tensor(t, dtype=torch.float64).expand(shape)  # noqa: E731
+
+    # Longitudinal generator A (*V, nl, nl) and transverse C (*V, nt, nt).
+    A = torch.zeros(shape + (nl, nl), dtype=torch.float64)
+    C = torch.zeros(shape + (nt, nt), dtype=torch.complex128)
+    A = A + torch.diag_embed(torch.stack([-full(r) for r in r1], -1))
+    C = C + torch.diag_embed(torch.stack(
+        [-full(r2[p]) - 2j * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
+    X = torch.zeros(shape + (nl, nl), dtype=torch.float64)
+    for p in range(1, nl):
+        kf = full(k_pools[p - 1] * f_pools[p - 1])  # free -> p
+        kb = full(k_pools[p - 1] * f_free)  # p -> free
+        E = torch.zeros(nl, nl, dtype=torch.float64)
+        E[0, 0], E[p, 0] = -1.0, 1.0
+        Eb = torch.zeros(nl, nl, dtype=torch.float64)
+        Eb[p, p], Eb[0, p] = -1.0, 1.0
+        X = X + kf[..., None, None] * E + kb[..., None, None] * Eb
+    A = A + X
+    C = C + X[..., :nt, :nt].to(torch.complex128)
+    zeq = torch.stack([full(f_free)] + [full(f) for f in f_pools], -1)
+
+    V = math.prod(voxel_shape)
+    uniform = math.prod(shape) == 1
+
+    def voxels(t, tail):  # (*shape, *tail) -> (V or 1, *tail)
+        if uniform:
+            return t.reshape((1,) + tail)
+        return t.expand(tuple(voxel_shape) + tail).reshape((V,) + tail)
+
+    A, C, zeq = voxels(A, (nl, nl)), voxels(C, (nt, nt)), voxels(zeq, (nl,))
+    dt = lengths_s.to(torch.float64)[None, :, None, None]
+    L = torch.linalg.matrix_exp(A[:, None] * dt)
+    T = torch.linalg.matrix_exp(C[:, None] * dt.to(torch.complex128))
+    r = zeq[:, None, :] - (L @ zeq[:, None, :, None])[..., 0]
+
+    sat = None
+    if model.semisolid:
+        t2b = voxels(full(get("t2_bound_ms")), ())
+        b0v = voxels(full(b0), ())
+        s_const = torch.as_tensor(sat_per_rad2, dtype=torch.float64)
+        rows = torch.nonzero(s_const != 0).reshape(-1)  # RF events that saturate
+        offsets = torch.as_tensor(rf_hz, dtype=torch.float64)[None, rows] - b0v[:, None]
+        g = _lineshape(lineshape, offsets, t2b[:, None].expand_as(offsets))
+        sat = torch.zeros((offsets.shape[0], s_const.numel()), dtype=torch.float64)
+        sat = sat.index_copy(1, rows, s_const[rows] * g)
+    return L, r, T, zeq, sat
+
+
+def _lineshape(name: str, offsets: torch.Tensor, t2b_ms: torch.Tensor) -> torch.Tensor:
+    """G at every (offset, T2b) pair. The super-Lorentzian is integrated numerically (no autograd), so it is
+    evaluated once per distinct pair."""
+    if name != "super-lorentzian":
+        return absorption_lineshape(name, offsets, t2b_ms)
+    pairs = torch.stack([offsets.detach().reshape(-1), t2b_ms.detach().reshape(-1)], -1)
+    unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    values = absorption_lineshape(name, unique[:, 0], unique[:, 1])
+    return values[inverse].reshape(offsets.shape)

@@ -1,0 +1,237 @@
+// Tabulated layouts: the interval operators of coupled pools come from per-voxel tables, formed in float64
+// by the engine (matrix exponentials of the Bloch-McConnell generators, Malik 2018 EPG-X) for each distinct
+// interval; the kernels multiply by them and hand back a cotangent on them, through which autograd reaches
+// every pool property.
+//
+// Tables of voxel v, interval row d (nt water-like pools with transverse states, nl >= nt longitudinal pools,
+// the last nl - nt of them semisolid):
+//   L   [D, nl, nl] real     Z_k -> L Z_k (every order), exp(A dt) of the longitudinal generator
+//   r   [D, nl]     real     added to Z_0: (I - L) Zeq, the recovery toward equilibrium
+//   T   [D, nt, nt] complex  F+_k -> T F+_k and F-_k -> conj(T) F-_k: exp(C dt), relaxation, shifts, exchange
+//   zeq [nl]        real     equilibrium (fractions of M0), where washout brings fresh magnetization
+//   sat [E]         real     per RF event, S * G(f_rf - B0): the semisolid Z is multiplied by exp(alpha^2 sat)
+// Diffusion, flow and washout stay in the kernel: they scale every pool alike.
+#pragma once
+
+#include "blochsim/epg.hpp"
+
+namespace bs {
+
+constexpr int kMaxPools = 8;
+
+// A state of nt transverse and nl longitudinal pools: planes F+(p), F-(p) for p < nt, then Z(q) for q < nl.
+template <class S>
+struct State {
+  S* base;
+  int64_t K;
+  int nt, nl;
+  BS_HD int planes() const { return 2 * nt + nl; }
+  BS_HD S* fp(int p) const { return base + (2 * p) * K; }
+  BS_HD S* fm(int p) const { return base + (2 * p + 1) * K; }
+  BS_HD S* z(int q) const { return base + (2 * nt + q) * K; }
+  BS_HD Planes<S> water(int p) const { return Planes<S>{fp(p), fm(p), z(p)}; }
+};
+
+template <class S>
+BS_HD void copy_state(State<S> dst, State<S> src) {
+  const int64_t n = src.planes() * src.K;
+  for (int64_t i = 0; i < n; ++i) dst.base[i] = src.base[i];
+}
+template <class S>
+BS_HD void zero_state(State<S> x) {
+  const int64_t n = x.planes() * x.K;
+  for (int64_t i = 0; i < n; ++i) x.base[i] = S(0);
+}
+
+template <class N>
+BS_HD Cx<N> cmul(const Cx<N>& a, const Cx<N>& x) {
+  return a * x;
+}
+template <class N>
+BS_HD N cmul(const Cx<N>& a, const N& x) {  // real path: the tables are real there
+  return a.re * x;
+}
+template <class N>
+BS_HD Cx<N> cmul_conj(const Cx<N>& a, const Cx<N>& x) {  // conj(a) x
+  return conj(a) * x;
+}
+template <class N>
+BS_HD N cmul_conj(const Cx<N>& a, const N& x) {
+  return a.re * x;
+}
+
+template <class N>
+struct Tables {
+  N L[kMaxPools][kMaxPools];
+  N r[kMaxPools];
+  Cx<N> T[kMaxPools][kMaxPools];
+  N zeq[kMaxPools];
+};
+
+template <class N, class R>
+BS_HD void load_tables(const Problem<R>& pb, int64_t v, int64_t d, Tables<N>& tb) {
+  const int nt = pb.nt, nl = pb.nl;
+  for (int q = 0; q < nl; ++q) {
+    for (int j = 0; j < nl; ++j) tb.L[q][j] = fetch_table<N>(pb.table_L, v, (d * nl + q) * nl + j);
+    tb.r[q] = fetch_table<N>(pb.table_r, v, d * nl + q);
+    tb.zeq[q] = fetch_table<N>(pb.table_zeq, v, q);
+  }
+  for (int p = 0; p < nt; ++p)
+    for (int j = 0; j < nt; ++j) {
+      const int64_t i = 2 * ((d * nt + p) * nt + j);
+      tb.T[p][j] = Cx<N>(fetch_table<N>(pb.table_T, v, i), fetch_table<N>(pb.table_T, v, i + 1));
+    }
+}
+
+template <class N, class S, class R>
+BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c, State<S> x) {
+  using RR = typename Num<N>::Real;
+  const int nt = x.nt, nl = x.nl;
+  Tables<N> tb;
+  load_tables(pb, v, d, tb);
+  for (int64_t k = 0; k < x.K; ++k) {
+    Cx<N> ap, am, az;
+    order_factors(c, k, ap, am, az);
+    S y[kMaxPools];
+    for (int q = 0; q < nl; ++q) {
+      S acc = S(0);
+      for (int j = 0; j < nl; ++j) acc += x.z(j)[k] * tb.L[q][j];
+      y[q] = k == 0 ? acc + S(tb.r[q]) : acc;
+    }
+    for (int q = 0; q < nl; ++q)
+      x.z(q)[k] = k == 0 ? y[q] * c.w + S(tb.zeq[q] * (RR(1) - c.w)) : cmul(az * c.w, y[q]);
+    S yp[kMaxPools], ym[kMaxPools];
+    for (int p = 0; p < nt; ++p) {
+      S accp = S(0), accm = S(0);
+      for (int j = 0; j < nt; ++j) {
+        accp += cmul(tb.T[p][j], x.fp(j)[k]);
+        accm += cmul_conj(tb.T[p][j], x.fm(j)[k]);
+      }
+      yp[p] = accp;
+      ym[p] = accm;
+    }
+    for (int p = 0; p < nt; ++p) {
+      x.fp(p)[k] = cmul(ap * c.w, yp[p]);
+      x.fm(p)[k] = cmul(am * c.w, ym[p]);
+    }
+  }
+}
+
+// Per-voxel cotangents of the tables (accumulated over events), in the layout of the tables.
+template <class N>
+struct TableGrad {
+  N* L;     // [D, nl, nl]
+  N* r;     // [D, nl]
+  Cx<N>* T; // [D, nt, nt]
+  N* zeq;   // [nl]
+  N* sat;   // [E]
+};
+
+template <class N, class S, class R>
+BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c,
+                                const Voxel<N>& t, State<S> l, State<S> x, TableGrad<N> tg, VoxelGrad<N>& g,
+                                N* g_dt) {
+  using RR = typename Num<N>::Real;
+  const int nt = x.nt, nl = x.nl;
+  Tables<N> tb;
+  load_tables(pb, v, d, tb);
+  IntervalSums<N> q;
+  for (int64_t k = 0; k < x.K; ++k) {
+    Cx<N> ap, am, az;
+    order_factors(c, k, ap, am, az);
+    const RR kk = RR(k);
+    // Longitudinal pools.
+    S y[kMaxPools], ly[kMaxPools];
+    for (int a = 0; a < nl; ++a) {
+      S acc = S(0);
+      for (int j = 0; j < nl; ++j) acc += x.z(j)[k] * tb.L[a][j];
+      y[a] = k == 0 ? acc + S(tb.r[a]) : acc;
+    }
+    for (int a = 0; a < nl; ++a) {
+      const S lz = l.z(a)[k];
+      Cx<N> qz;
+      if (k == 0) {  // Z_0' = w (L Z_0 + r) + (1 - w) zeq
+        ly[a] = lz * c.w;
+        tg.zeq[a] += re(lz) * (RR(1) - c.w);
+        qz = conj(as_cx(lz)) * as_cx(S(y[a] - S(tb.zeq[a])));
+      } else {
+        ly[a] = factor_adjoint(lz, az * c.w);
+        qz = conj(as_cx(lz)) * (az * as_cx(y[a]));
+      }
+      q.QZ += qz;
+      if (c.diffusion) q.QZc += qz * N(kk * kk);
+      if (c.flow) q.QZf += qz * N(kk);
+    }
+    for (int a = 0; a < nl; ++a) {
+      for (int j = 0; j < nl; ++j) tg.L[(d * nl + a) * nl + j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
+      if (k == 0) tg.r[d * nl + a] += re(ly[a]);
+    }
+    for (int j = 0; j < nl; ++j) {
+      S acc = S(0);
+      for (int a = 0; a < nl; ++a) acc += ly[a] * tb.L[a][j];
+      l.z(j)[k] = acc;
+    }
+    // Transverse pools: F+ -> T F+, F- -> conj(T) F-.
+    S lyp[kMaxPools], lym[kMaxPools];
+    for (int p = 0; p < nt; ++p) {
+      S yp = S(0), ym = S(0);
+      for (int j = 0; j < nt; ++j) {
+        yp += cmul(tb.T[p][j], x.fp(j)[k]);
+        ym += cmul_conj(tb.T[p][j], x.fm(j)[k]);
+      }
+      lyp[p] = factor_adjoint(l.fp(p)[k], ap * c.w);
+      lym[p] = factor_adjoint(l.fm(p)[k], am * c.w);
+      const Cx<N> qp = conj(as_cx(l.fp(p)[k])) * (ap * as_cx(yp));
+      const Cx<N> qm = conj(as_cx(l.fm(p)[k])) * (am * as_cx(ym));
+      q.QP += qp;
+      q.QM += qm;
+      if (c.diffusion) {
+        q.QPc += qp * N(kk * kk + kk + RR(1) / RR(3));
+        q.QMc += qm * N(kk * kk - kk + RR(1) / RR(3));
+      }
+      if (c.flow) {
+        q.QPf += qp * N(kk + RR(0.5));
+        q.QMf += qm * N(RR(0.5) - kk);
+      }
+    }
+    for (int p = 0; p < nt; ++p)
+      for (int j = 0; j < nt; ++j)
+        tg.T[(d * nt + p) * nt + j] +=
+            conj(as_cx(x.fp(j)[k])) * as_cx(lyp[p]) + conj(as_cx(lym[p])) * as_cx(x.fm(j)[k]);
+    for (int j = 0; j < nt; ++j) {
+      S accp = S(0), accm = S(0);
+      for (int p = 0; p < nt; ++p) {
+        accp += cmul_conj(tb.T[p][j], lyp[p]);
+        accm += cmul(tb.T[p][j], lym[p]);
+      }
+      l.fp(j)[k] = accp;
+      l.fm(j)[k] = accm;
+    }
+  }
+  interval_grads(c, t, q, g, g_dt);
+}
+
+// RF saturation of the semisolid pools: Z_s -> exp(alpha^2 sat) Z_s on every order.
+template <class N, class S>
+BS_HD void saturate(State<S> x, const N& alpha, const N& sat) {
+  const N e = exp(alpha * alpha * sat);
+  for (int q = x.nt; q < x.nl; ++q)
+    for (int64_t k = 0; k < x.K; ++k) x.z(q)[k] = x.z(q)[k] * e;
+}
+// x: before saturation. Adds d/d alpha and d/d sat.
+template <class N, class S>
+BS_HD void saturate_adjoint(State<S> l, State<S> x, const N& alpha, const N& sat, N& g_alpha, N& g_sat) {
+  using RR = typename Num<N>::Real;
+  const N e = exp(alpha * alpha * sat);
+  N dot = N(0);
+  for (int q = x.nt; q < x.nl; ++q)
+    for (int64_t k = 0; k < x.K; ++k) {
+      dot += re_dot(as_cx(l.z(q)[k]), as_cx(x.z(q)[k]));
+      l.z(q)[k] = l.z(q)[k] * e;
+    }
+  dot = dot * e;  // Re <lambda', Z'> with Z' = e Z
+  g_alpha += dot * (RR(2) * alpha * sat);
+  g_sat += dot * (alpha * alpha);
+}
+
+}  // namespace bs

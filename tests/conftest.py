@@ -1,0 +1,218 @@
+"""Shared sequences, tissues and error measures for the engine tests (tests/test_engine_*.py).
+
+Every kernel result is held to the float64 oracle `blochsim._reference.play` (DESIGN.md, "The oracle
+and how kernels are checked"). The sequences here are small (10-40 events, a few voxels, 10 EPG
+orders) so that the whole engine suite runs in seconds; each builder takes its differentiable values
+(flips, phases, a repetition time) as numbers or tensors, so a test can put a tensor that requires
+grad, or a forward-mode dual tensor, into the timestamps and event params.
+
+The engine and the oracle truncate the EPG at the same number of orders, so they are compared at an
+explicit `states` (never the engine's default, which the oracle does not share).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from blochsim.sequence import (
+    AdcRole,
+    Delay,
+    Dephase,
+    Excitation,
+    Readout,
+    SequenceDescription,
+    TissueProperties,
+    bSSFPReadout,
+    fse_description,
+    mrf_description,
+    spgr_description,
+)
+
+DEG = math.pi / 180.0
+F64 = torch.float64
+DTYPES = (torch.float32, torch.float64)
+PATHS = ("real", "complex")
+
+#: EPG orders for every comparison (the oracle and the engine truncate identically).
+STATES = 10
+
+#: Crusher geometry: 4 turns across a 1 mm voxel, dk = 2.5e4 rad/m. With D ~ 1-3 um^2/ms and 10 ms
+#: intervals, b = D dk^2 dt ~ 0.01-0.02 per unit order^2, and with v ~ 1-2 cm/s the flow phase is
+#: ~2-5 rad per order per interval: both effects are large, so the tests see them.
+CRUSHER_RAD = 8 * math.pi
+VOXEL_M = 1e-3
+
+# ---------------------------------------------------------------------------------------------
+# Error measures
+# ---------------------------------------------------------------------------------------------
+
+
+def rel_max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected| (relative to the largest entry), in float64."""
+    actual = torch.as_tensor(actual).detach().to(torch.complex128)
+    expected = torch.as_tensor(expected).detach().to(torch.complex128)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = float(expected.abs().max())
+    assert scale > 0, "the reference is identically zero: the comparison would prove nothing"
+    return float((actual - expected).abs().max()) / scale
+
+
+def f64(values) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=F64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences
+# ---------------------------------------------------------------------------------------------
+
+
+def _geometry(geometry: str) -> dict:
+    """'none'; 'crusher': crusher and voxel (diffusion, flow, washout); 'voxel': voxel only (washout)."""
+    if geometry == "none":
+        return {}
+    if geometry == "crusher":
+        return {"crusher_dephasing_rad": CRUSHER_RAD, "voxel_size_m": VOXEL_M}
+    if geometry == "voxel":
+        return {"voxel_size_m": VOXEL_M}
+    raise ValueError(geometry)
+
+
+def ramp(n: int, lo_deg: float, hi_deg: float) -> torch.Tensor:
+    """n flips in rad, a ramp with a bump so no two consecutive TRs are alike."""
+    j = torch.arange(n, dtype=F64)
+    return (lo_deg + (hi_deg - lo_deg) * j / max(n - 1, 1) + 6.0 * torch.sin(1.7 * j)) * DEG
+
+
+def quadratic_phases(n: int, increment_deg: float = 117.0) -> torch.Tensor:
+    """RF-spoiling phases phi_j = increment * j (j + 1) / 2, in rad."""
+    j = torch.arange(n, dtype=F64)
+    return increment_deg * DEG * j * (j + 1) / 2
+
+
+def mrf(flips=None, tr_s=0.012, phases=0.0, *, n=12, geometry="none") -> SequenceDescription:
+    """MRF (FISP): inversion, 20 ms, then per TR excitation / ADC / one winding; flips ramping."""
+    flips = ramp(n, 10, 70) if flips is None else flips
+    return mrf_description(flips, tr_s, inversion_time_s=0.02, phases_rad=phases, **_geometry(geometry))
+
+
+def mrf_quadratic(flips=None, tr_s=0.012, phases=None, *, n=12, geometry="none") -> SequenceDescription:
+    """The MRF train with quadratic (117 degree) RF phase increments: pulses on many axes, complex path."""
+    phases = quadratic_phases(n) if phases is None else phases
+    return mrf(flips, tr_s, phases, n=n, geometry=geometry)
+
+
+def cpmg(flips=None, tr_s=0.01, phases=0.0, *, n=8, geometry="none") -> SequenceDescription:
+    """CPMG/FSE: 90 about y, then `n` crushed refocusing pulses about x (imperfect: 120-170 degrees),
+    one echo each, `tr_s` the echo spacing. Excitation and refocusing axes differ: complex path only."""
+    flips = (170.0 - 50.0 * torch.arange(n, dtype=F64) / max(n - 1, 1)) * DEG if flips is None else flips
+    return fse_description(flips, tr_s, phases_rad=phases, **_geometry(geometry))
+
+
+def spgr(flips=None, tr_s=0.01, phases=0.0, *, n=6, geometry="none") -> SequenceDescription:
+    """Spoiled gradient echo (ideal spoiling after each ADC), TE = 4 ms; played for several repetitions."""
+    flips = ramp(n, 8, 30) if flips is None else flips
+    return spgr_description(flips, tr_s, 0.004, phases_rad=phases, **_geometry(geometry))
+
+
+def bssfp(flips=None, tr_s=0.006, phases=None, *, n=12, geometry="none") -> SequenceDescription:
+    """Balanced SSFP with phase alternation (0, pi, 0, ...; one axis: the real path folds the signs),
+    ADC at TE = TR/2 demodulated by its pulse's phase. Sensitive to B0, unlike the spoiled trains."""
+    flips = ramp(n, 30, 50) if flips is None else flips
+    phases = math.pi * (torch.arange(n, dtype=F64) % 2) if phases is None else phases
+    half = tr_s / 2
+    ops = [
+        Excitation(flips[j], phases[j]) @ Delay(half) @ bSSFPReadout(phases[j], duration_s=half) for j in range(n)
+    ]
+    return SequenceDescription.from_operators(*ops, **_geometry(geometry))
+
+
+def mixed_readouts(flips=None, tr_s=0.01, *, n=9) -> SequenceDescription:
+    """FISP-like train whose ADCs differ in role and echo flag, for record modes.
+
+    ADC j: role NON_ACQUIRED when j % 3 == 2 (else SINGLE), is_echo when j % 2 == 0.
+    "all" keeps 9 samples, "acquired" 6, "echo" 5.
+    """
+    flips = ramp(n, 15, 60) if flips is None else flips
+    ops = []
+    for j in range(n):
+        role = AdcRole.NON_ACQUIRED if j % 3 == 2 else AdcRole.SINGLE
+        ops.append(Excitation(flips[j]) @ Readout(role=role, is_echo=j % 2 == 0) @ Dephase() @ Delay(tr_s))
+    return SequenceDescription.from_operators(*ops)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A sequence family: its builder, how many repetitions to play, whether it can take the real path."""
+
+    name: str
+    build: Callable[..., SequenceDescription]
+    repetitions: int
+    real_ok: bool
+    shots: int  # flips (and phases) per repetition
+
+
+CASES = {
+    "mrf": Case("mrf", mrf, 1, True, 12),
+    "mrf_quadratic": Case("mrf_quadratic", mrf_quadratic, 1, False, 12),
+    "cpmg": Case("cpmg", cpmg, 1, False, 8),
+    "spgr": Case("spgr", spgr, 3, True, 6),
+    "bssfp": Case("bssfp", bssfp, 2, True, 12),
+}
+
+
+def path_cases() -> list[tuple[str, str]]:
+    """(case name, path) for every path a case can take."""
+    return [(name, path) for name, case in CASES.items() for path in PATHS if path == "complex" or case.real_ok]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tissue
+# ---------------------------------------------------------------------------------------------
+
+#: Three voxels of free water; T1 and T2 in ms.
+T1_MS = (300.0, 800.0, 1500.0)
+T2_MS = (40.0, 80.0, 150.0)
+
+#: One value per voxel for each runtime switch: far from identity, and v away from 0 (|v| has a kink)
+#: and from the washout clamp (|v| dt / L < 1 on every interval).
+SWITCH_VALUES = {
+    "b0_hz": (-7.0, 2.5, 12.0),
+    "b1": (0.8, 1.0, 1.15),
+    "b1_phase_rad": (-0.3, 0.1, 0.4),
+    "m0": (0.7, 1.0, 1.3),
+    "inversion_efficiency": (0.85, 0.95, 1.0),
+    "diffusion_um2_per_ms": (0.5, 1.5, 3.0),
+    "velocity_m_per_s": (-0.02, 0.005, 0.012),
+}
+#: Fields that put a phase into the states: the complex path only.
+PHASE_FIELDS = ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
+
+#: Each switch of the kernels: (the tissue fields it sets, the geometry it needs).
+SWITCHES = {
+    "b0": (("b0_hz",), "none"),
+    "b1": (("b1",), "none"),
+    "b1phase": (("b1_phase_rad",), "none"),
+    "m0": (("m0",), "none"),
+    "inversion_efficiency": (("inversion_efficiency",), "none"),
+    "diffusion": (("diffusion_um2_per_ms",), "crusher"),
+    "flow": (("velocity_m_per_s",), "crusher"),  # flow phase and washout
+    "washout": (("velocity_m_per_s",), "voxel"),  # washout alone: no crusher, no flow phase
+}
+
+
+def tissue(fields=(), *, t1=None, t2=None, **given) -> TissueProperties:
+    """TissueProperties of the three voxels, with the named switch fields at SWITCH_VALUES; `given`
+    overrides any field (a tensor there may require grad or be a dual tensor)."""
+    values = {"t1_ms": f64(T1_MS) if t1 is None else t1, "t2_ms": f64(T2_MS) if t2 is None else t2}
+    for name in fields:
+        values[name] = f64(SWITCH_VALUES[name])
+    values.update(given)
+    return TissueProperties(**values)
+
+
+def complex_only(fields) -> bool:
+    return any(name in PHASE_FIELDS for name in fields)

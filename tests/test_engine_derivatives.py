@@ -1,0 +1,441 @@
+"""Derivatives of the kernels against autograd through the float64 oracle (blochsim._reference.play).
+
+First order: forward mode (engine.jacobian, torch.autograd.forward_ad through engine.simulate) and reverse
+mode (torch.autograd.grad through engine.simulate), with respect to the sequence's flips, phases and
+durations (a repetition-time tensor that feeds the timestamps) and every tissue property of pool model 0.
+Second order: the gradient of a cost of the Jacobian, and a Hessian-vector product by double backward,
+against autograd-through-autograd on the oracle. Then the dot-product test between the JVP and the VJP,
+and torch.autograd.gradcheck / gradgradcheck on the float64 kernels.
+
+Tolerances, relative to the largest entry of the oracle's derivative (per input):
+- first order, float32: 1e-4. A derivative is a sum over events of products of states and adjoint states,
+  each with float32 round-off ~1e-6 relative (see test_engine_forward.py), and the sum cancels: the
+  adjoint of a contracting map is contracting too, but a derivative that is small next to its terms
+  (a T1 derivative in a train dominated by T2) loses a factor ~10 more. Seen: up to 2e-5.
+- first order, float64: 1e-10 (seen: up to 2e-14; the same argument at 1.1e-16 round-off).
+- second order, float32: 1e-3 (one more differentiation, one more cancelling sum of products: ~10x the
+  first-order error). float64: 1e-9.
+A derivative that is zero in exact arithmetic (B0 on FISP and CPMG trains, which are blind to a uniform
+off-resonance; the inversion efficiency without an inversion) has no scale to be relative to: there the
+engine's derivative must be below an absolute 1e-6 (float32) or 1e-13 (float64) per unit of the input,
+against signals of order 0.1-1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from conftest import (
+    CASES,
+    DTYPES,
+    F64,
+    PATHS,
+    PHASE_FIELDS,
+    STATES,
+    SWITCH_VALUES,
+    T1_MS,
+    T2_MS,
+    f64,
+    path_cases,
+    quadratic_phases,
+    ramp,
+    rel_max_err,
+)
+from torch.autograd import forward_ad as fwAD
+
+from blochsim._reference import play
+from blochsim.engine import jacobian, simulate
+from blochsim.sequence import TissueProperties
+
+FIRST = {torch.float32: 1e-4, torch.float64: 1e-10}  # see the module docstring
+SECOND = {torch.float32: 1e-3, torch.float64: 1e-9}
+NEGLIGIBLE_REF = 1e-12  # an oracle derivative below this (per unit input) is zero in exact arithmetic
+ZERO_ATOL = {torch.float32: 1e-6, torch.float64: 1e-13}
+
+EVENT_INPUTS = ("flips", "tr_s", "phases")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: named values -> (description, tissue)
+# ---------------------------------------------------------------------------------------------
+
+
+def tissue_fields(path: str) -> tuple:
+    """Tissue properties differentiated on a path: all of pool model 0 on the complex path; the real path
+    cannot carry B0, B1phase or v."""
+    fields = ("t1_ms", "t2_ms") + tuple(SWITCH_VALUES)
+    return fields if path == "complex" else tuple(f for f in fields if f not in PHASE_FIELDS)
+
+
+def values(case_name: str, path: str, *, with_phases: bool | None = None) -> dict:
+    """Float64 values of every differentiated input of a case: flips, the repetition time (or echo spacing),
+    the RF phases (complex path), and the tissue of three voxels."""
+    case = CASES[case_name]
+    n = case.shots
+    flips = (170.0 - 50.0 * torch.arange(n, dtype=F64) / (n - 1)) * math.pi / 180 if case_name == "cpmg" else None
+    x = {"flips": ramp(n, 15, 65) if flips is None else flips, "tr_s": f64(0.01)}
+    if with_phases is None:
+        with_phases = path == "complex"
+    if with_phases:
+        j = torch.arange(n, dtype=F64)
+        if case_name == "mrf_quadratic":
+            x["phases"] = quadratic_phases(n)
+        elif case_name == "bssfp":
+            x["phases"] = math.pi * (j % 2) + 0.05 * torch.sin(j)
+        else:
+            x["phases"] = 0.3 * torch.sin(1.3 * j)
+    x["t1_ms"], x["t2_ms"] = f64(T1_MS), f64(T2_MS)
+    for name in tissue_fields(path)[2:]:
+        x[name] = f64(SWITCH_VALUES[name])
+    return x
+
+
+def build(case_name: str, x: dict, *, repeat: int = 1):
+    """(description, tissue) of named values; `repeat` tiles the voxels (one copy per Jacobian column)."""
+    kw = {name: x[name] for name in EVENT_INPUTS if name in x}
+    description = CASES[case_name].build(geometry="crusher", **kw)
+    tissue = TissueProperties(**{k: v.repeat(repeat) for k, v in x.items() if k not in EVENT_INPUTS})
+    return description, tissue
+
+
+def run_oracle(case_name: str, x: dict, *, repeat: int = 1) -> torch.Tensor:
+    description, tissue = build(case_name, x, repeat=repeat)
+    return play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
+
+
+def run_engine(case_name: str, x: dict, dtype, path, **kw) -> torch.Tensor:
+    description, tissue = build(case_name, x)
+    return simulate(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions, dtype=dtype,
+                    path=path, **kw)
+
+
+def leaves(x: dict) -> dict:
+    return {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+
+
+def random_like(x: dict, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, dtype=F64, generator=g) for k, v in x.items()}
+
+
+def random_complex(shape, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.complex(torch.randn(shape, dtype=F64, generator=g), torch.randn(shape, dtype=F64, generator=g))
+
+
+def grads(output: torch.Tensor, inputs: dict, **kw) -> dict:
+    """torch.autograd.grad of a real scalar w.r.t. named inputs; an unused input gets zeros."""
+    got = torch.autograd.grad(output, list(inputs.values()), allow_unused=True, **kw)
+    return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(inputs.items(), got, strict=True)}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, dtype, what: str) -> None:
+    """Relative-to-max comparison; an exactly-zero derivative is held to an absolute bound instead."""
+    if float(expected.abs().max()) <= NEGLIGIBLE_REF:
+        assert float(actual.abs().max()) <= ZERO_ATOL[dtype], f"{what}: expected 0, got {actual}"
+    else:
+        err = rel_max_err(actual, expected)
+        assert err < tol, f"{what}: relative error {err:.3g} (tolerance {tol})"
+
+
+def inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The real inner product of complex arrays, Re sum(conj(a) b)."""
+    return (a.conj() * b).real.sum()
+
+
+# ---------------------------------------------------------------------------------------------
+# First order: reverse mode
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def oracle_vjp(case_name: str, path: str):
+    """(cotangent w, gradients of Re<w, signal>) on the oracle, for every input of `values`."""
+    x = leaves(values(case_name, path))
+    signal = run_oracle(case_name, x)
+    w = random_complex(signal.shape, seed=1)
+    return w, grads(inner(w, signal), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), path_cases())
+def test_vjp_matches_oracle(case_name, path, dtype):
+    """torch.autograd.grad through engine.simulate: flips, phases, TR, T1, T2, B0, B1, B1phase, M0, inversion
+    efficiency, D, v."""
+    w, expected = oracle_vjp(case_name, path)
+    x = leaves(values(case_name, path))
+    signal = run_engine(case_name, x, dtype, path)
+    got = grads(inner(w.to(signal.dtype), signal), x)
+    for name in x:
+        assert got[name].dtype == F64  # gradients arrive in the inputs' dtype
+        assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# First order: forward mode
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def oracle_jacobian(case_name: str, path: str) -> torch.Tensor:
+    """d signal / d tissue, (voxels, fields, samples), by forward mode through the oracle: the voxels are
+    tiled once per field and each copy carries a unit tangent on its own field, so one pass gives all
+    columns (voxels are independent)."""
+    x = values(case_name, path)
+    fields = tissue_fields(path)
+    P, V = len(fields), len(T1_MS)
+    with fwAD.dual_level():
+        duals = {}
+        for k, v in x.items():
+            if k in fields:
+                tangent = torch.zeros(P, V, dtype=F64)
+                tangent[fields.index(k)] = 1.0
+                duals[k] = fwAD.make_dual(v.repeat(P), tangent.reshape(-1))
+            else:
+                duals[k] = v
+        description, tissue = build(case_name, duals)
+        signal = play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
+        columns = fwAD.unpack_dual(signal).tangent
+    return columns.reshape(P, V, -1).transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), path_cases())
+def test_jacobian_matches_oracle(case_name, path, dtype):
+    """engine.jacobian along every tissue property (9 on the complex path: more than the 8 tangents a kernel
+    carries, so it runs in two groups)."""
+    fields = tissue_fields(path)
+    x = values(case_name, path)
+    description, tissue = build(case_name, x)
+    signal, J = jacobian(description, tissue, fields, states=STATES, repetitions=CASES[case_name].repetitions,
+                         dtype=dtype, path=path)
+    expected = oracle_jacobian(case_name, path)
+    assert J.shape == expected.shape == (len(T1_MS), len(fields), signal.shape[-1])
+    for p, name in enumerate(fields):
+        assert_close(J[:, p], expected[:, p], FIRST[dtype], dtype, name)
+    assert rel_max_err(signal, run_oracle(case_name, x)) < FIRST[dtype]
+
+
+def forward_ad(fn, x: dict, tangents: dict) -> torch.Tensor:
+    """The tangent of fn(x) along `tangents`, by torch.autograd.forward_ad."""
+    with fwAD.dual_level():
+        duals = {k: fwAD.make_dual(v, tangents[k]) for k, v in x.items()}
+        out = fwAD.unpack_dual(fn(duals)).tangent
+    assert out is not None, "no tangent came out: the inputs' tangents were dropped"
+    return out
+
+
+@functools.cache
+def oracle_jvp(case_name: str, path: str) -> torch.Tensor:
+    x = values(case_name, path)
+    return forward_ad(lambda d: run_oracle(case_name, d), x, random_like(x, seed=2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), path_cases())
+def test_forward_ad_matches_oracle(case_name, path, dtype):
+    """torch.autograd.forward_ad through engine.simulate, along a random direction in every input at once
+    (flips, phases, TR and the tissue): EpgSimulate.jvp, the JVP kernel with event-value tangents."""
+    x = values(case_name, path)
+    got = forward_ad(lambda d: run_engine(case_name, d, dtype, path), x, random_like(x, seed=2))
+    assert rel_max_err(got, oracle_jvp(case_name, path)) < FIRST[dtype]
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug: compile_program calls .numpy() on a tensor made under the "
+                   "transform (program.py, `(dt_s.detach() != 0).numpy()`), which torch.func wraps: "
+                   "RuntimeError 'Cannot access data pointer of Tensor that doesn't have storage'")
+@pytest.mark.parametrize("path", PATHS)
+def test_torch_func_jvp_matches_oracle(path):
+    """torch.func.jvp through engine.simulate (the functorch front end of forward mode), tissue tangents only."""
+    x = values("bssfp", path)
+    tangents = random_like(x, seed=3)
+    fields = tissue_fields(path)
+    description, _ = build("bssfp", x)
+
+    def signal(*tissue_values):
+        tissue = TissueProperties(**dict(zip(fields, tissue_values, strict=True)))
+        return simulate(description, tissue, states=STATES, repetitions=2, dtype=torch.float64, path=path)
+
+    _, got = torch.func.jvp(signal, tuple(x[k] for k in fields), tuple(tangents[k] for k in fields))
+    expected = forward_ad(lambda d: run_oracle("bssfp", {**x, **d}), {k: x[k] for k in fields},
+                          {k: tangents[k] for k in fields})
+    assert rel_max_err(got, expected) < FIRST[torch.float64]
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug: with forward-mode AD only (no requires_grad), RF phase "
+                   "tangents are dropped: program._common_axis looks at requires_grad alone, picks the real "
+                   "path for phases on one axis, and the real path never reads RF phases")
+def test_forward_ad_phase_tangent_on_auto_path():
+    """A uniform tangent on every RF and ADC phase turns the whole experiment about z: the demodulated signal
+    does not change, so its tangent is 0 (the oracle agrees). The engine, on the auto path, turns the ADCs only."""
+    x = {"flips": ramp(12, 15, 65), "tr_s": f64(0.01), "phases": torch.zeros(12, dtype=F64),
+         "t1_ms": f64(T1_MS), "t2_ms": f64(T2_MS)}
+    tangents = {k: torch.zeros_like(v) for k, v in x.items()}
+    tangents["phases"] = torch.ones(12, dtype=F64)
+    got = forward_ad(lambda d: run_engine("mrf", d, torch.float64, "auto"), x, tangents)
+    scale = float(run_oracle("mrf", x).abs().max())
+    assert float(got.abs().max()) / scale < FIRST[torch.float64]
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug: with forward-mode AD only (no requires_grad), a tissue "
+                   "property at its identity value is not sent to the kernels (tissue._is_identity looks at "
+                   "requires_grad alone), so its tangent is silently dropped")
+def test_forward_ad_tangent_at_identity_value():
+    """bSSFP is sensitive to B0: d signal / d B0 at B0 = 0 is not 0 (the oracle gives ~0.05 per Hz)."""
+    x = values("bssfp", "complex", with_phases=False)
+    x["b0_hz"] = torch.zeros(3, dtype=F64)
+    tangents = {k: torch.zeros_like(v) for k, v in x.items()}
+    tangents["b0_hz"] = torch.ones(3, dtype=F64)
+    expected = forward_ad(lambda d: run_oracle("bssfp", d), x, tangents)
+    got = forward_ad(lambda d: run_engine("bssfp", d, torch.float64, "complex"), x, tangents)
+    assert rel_max_err(got, expected) < FIRST[torch.float64]
+
+
+# ---------------------------------------------------------------------------------------------
+# Second order
+# ---------------------------------------------------------------------------------------------
+
+SECOND_ORDER_CASES = [("mrf", "real"), ("mrf", "complex"), ("bssfp", "real"), ("mrf_quadratic", "complex")]
+
+
+@functools.cache
+def oracle_jacobian_cost_grad(case_name: str, path: str) -> dict:
+    """d/d(flips, T1) of sum |d signal / d(T1, T2)|^2 on the oracle: forward mode (tiled voxels, as in
+    oracle_jacobian) for the Jacobian, reverse mode through it."""
+    x = values(case_name, path)
+    wanted = leaves({"flips": x["flips"], "t1_ms": x["t1_ms"]})
+    V = len(T1_MS)
+    with fwAD.dual_level():
+        duals = {**x, **wanted}
+        one, zero = torch.ones(V, dtype=F64), torch.zeros(V, dtype=F64)
+        duals["t1_ms"] = fwAD.make_dual(wanted["t1_ms"].repeat(2), torch.cat([one, zero]))
+        duals["t2_ms"] = fwAD.make_dual(x["t2_ms"].repeat(2), torch.cat([zero, one]))
+        tiled = {k: (v if k in ("t1_ms", "t2_ms") or k in EVENT_INPUTS else v.repeat(2)) for k, v in duals.items()}
+        description, tissue = build(case_name, tiled)
+        signal = play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
+        J = fwAD.unpack_dual(signal).tangent
+    return grads(J.abs().pow(2).sum(), wanted)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), SECOND_ORDER_CASES)
+def test_jacobian_cost_gradient_matches_oracle(case_name, path, dtype):
+    """The gradient of sum |J(T1, T2)|^2 (a CRLB-like design cost) w.r.t. the flips and T1: the backward of
+    EpgJacobian, the second-order adjoint kernel."""
+    x = values(case_name, path)
+    wanted = leaves({"flips": x["flips"], "t1_ms": x["t1_ms"]})
+    description, tissue = build(case_name, {**x, **wanted})
+    _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES,
+                    repetitions=CASES[case_name].repetitions, dtype=dtype, path=path)
+    got = grads(J.abs().pow(2).sum(), wanted)
+    expected = oracle_jacobian_cost_grad(case_name, path)
+    for name in wanted:
+        assert_close(got[name], expected[name], SECOND[dtype], dtype, name)
+
+
+def hvp(run, x: dict, wanted: tuple, target: torch.Tensor, direction: dict) -> dict:
+    """Hessian of L = sum |signal - target|^2 w.r.t. the `wanted` inputs, times `direction`, by double backward."""
+    leaf = leaves({k: x[k] for k in wanted})
+    signal = run({**x, **leaf})
+    loss = (signal - target.to(signal.dtype)).abs().pow(2).sum()
+    g = torch.autograd.grad(loss, list(leaf.values()), create_graph=True)
+    gv = sum((gi * direction[k].to(gi.dtype)).sum() for gi, k in zip(g, leaf, strict=True))
+    return grads(gv, leaf)
+
+
+def hvp_inputs(path: str) -> tuple:
+    common = ("flips", "tr_s", "t1_ms", "t2_ms", "b1", "diffusion_um2_per_ms")
+    return common + (("phases", "b0_hz", "velocity_m_per_s") if path == "complex" else ())
+
+
+@functools.cache
+def oracle_hvp(case_name: str, path: str) -> dict:
+    x = values(case_name, path)
+    target = random_complex((len(T1_MS), run_oracle(case_name, x).shape[-1]), seed=4) * 0.1
+    direction = random_like(x, seed=5)
+    return hvp(lambda d: run_oracle(case_name, d), x, hvp_inputs(path), target, direction)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), SECOND_ORDER_CASES)
+def test_hessian_vector_product_matches_oracle(case_name, path, dtype):
+    """Double backward through engine.simulate (the backward of EpgVjp) against double backward through the
+    oracle, over event values and tissue at once."""
+    x = values(case_name, path)
+    target = random_complex((len(T1_MS), run_oracle(case_name, x).shape[-1]), seed=4) * 0.1
+    direction = random_like(x, seed=5)
+    got = hvp(lambda d: run_engine(case_name, d, dtype, path), x, hvp_inputs(path), target, direction)
+    expected = oracle_hvp(case_name, path)
+    for name in hvp_inputs(path):
+        assert_close(got[name], expected[name], SECOND[dtype], dtype, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The dot-product test
+# ---------------------------------------------------------------------------------------------
+
+#: <JVP(t), w> and <t, VJP(w)> are the same sum computed in two orders: they agree to round-off of the
+#: sum relative to its largest terms; 1e-4 / 1e-10 as for first derivatives.
+DOT = FIRST
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), path_cases())
+def test_dot_product_jvp_vjp(case_name, path, dtype):
+    """<JVP(t), w> = <t, VJP(w)> (real inner products) for random t over every input and random w."""
+    x = values(case_name, path)
+    for seed in (10, 11):
+        t = random_like(x, seed)
+        jvp = forward_ad(lambda d: run_engine(case_name, d, dtype, path), x, t)
+        w = random_complex(jvp.shape, seed + 100).to(jvp.dtype)
+        leaf = leaves(x)
+        vjp = grads(inner(w, run_engine(case_name, leaf, dtype, path)), leaf)
+        lhs = float(inner(w, jvp))
+        terms = [(t[k] * vjp[k]) for k in x]
+        rhs = float(sum(term.sum() for term in terms))
+        scale = float(sum(term.abs().sum() for term in terms))  # the size of the terms being summed
+        assert abs(lhs - rhs) <= DOT[dtype] * scale, (lhs, rhs, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# gradcheck and gradgradcheck on the float64 kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def small_problem(path: str):
+    """Four shots of MRF with crushers, two voxels, six orders: small enough for finite differences."""
+    names = ["flips", "tr_s", "t1_ms", "t2_ms", "b1", "m0", "inversion_efficiency", "diffusion_um2_per_ms"]
+    x = {"flips": f64([0.3, 0.7, 0.5, 0.9]), "tr_s": f64(0.01), "t1_ms": f64([500.0, 900.0]),
+         "t2_ms": f64([50.0, 90.0]), "b1": f64([0.9, 1.1]), "m0": f64([1.0, 0.8]),
+         "inversion_efficiency": f64([0.9, 1.0]), "diffusion_um2_per_ms": f64([1.0, 2.5])}
+    if path == "complex":
+        x.update(phases=f64([0.1, -0.4, 0.3, 0.2]), b0_hz=f64([3.0, -5.0]), b1_phase_rad=f64([0.2, -0.1]),
+                 velocity_m_per_s=f64([0.01, -0.004]))
+        names += ["phases", "b0_hz", "b1_phase_rad", "velocity_m_per_s"]
+
+    def fn(*args):
+        named = dict(zip(names, args, strict=True))
+        kw = {k: named[k] for k in EVENT_INPUTS if k in named}
+        description = CASES["mrf"].build(n=4, geometry="crusher", **kw)
+        tissue = TissueProperties(**{k: v for k, v in named.items() if k not in EVENT_INPUTS})
+        return simulate(description, tissue, states=6, dtype=torch.float64, path=path)
+
+    return fn, tuple(x[k].clone().requires_grad_() for k in names)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gradcheck(path):
+    """Reverse mode (the VJP kernel) and forward mode (the JVP kernel) against finite differences."""
+    fn, inputs = small_problem(path)
+    assert torch.autograd.gradcheck(fn, inputs, check_forward_ad=True, check_backward_ad=True)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gradgradcheck(path):
+    """The backward of the VJP (the second-order adjoint kernel) against finite differences of the VJP,
+    including the derivative w.r.t. the cotangent."""
+    fn, inputs = small_problem(path)
+    assert torch.autograd.gradgradcheck(fn, inputs)

@@ -1,0 +1,190 @@
+"""The forward kernels (engine.simulate) against the float64 oracle (blochsim._reference.play), pool model 0.
+
+Tolerances, relative to the largest sample of the oracle (DESIGN.md, "The oracle and how kernels are checked"):
+- float32: 1e-5. Each event is a few dozen float32 operations with round-off 6e-8 each; the states are
+  contracting (|rotation| = 1, relaxation < 1), so errors add up roughly linearly over the 30-60 events
+  (x repetitions) here, not exponentially: ~1e-6 seen, 1e-5 leaves a margin of ~10.
+- float64: 1e-12. The same argument with round-off 1.1e-16 gives ~1e-14 (seen: ~2e-15); the oracle's
+  own matrix exponentials are accurate to rounding (see blochsim._reference.epg._expm).
+The engine and the oracle truncate at the same number of EPG orders (conftest.STATES), so truncation
+does not enter the comparison.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import (
+    CASES,
+    DTYPES,
+    PATHS,
+    STATES,
+    SWITCHES,
+    T1_MS,
+    T2_MS,
+    complex_only,
+    f64,
+    mixed_readouts,
+    path_cases,
+    rel_max_err,
+    tissue,
+)
+
+from blochsim._reference import play
+from blochsim.engine import simulate
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}  # see the module docstring
+
+
+@functools.cache
+def oracle(case_name: str, fields: tuple = (), geometry: str = "none") -> torch.Tensor:
+    """The oracle's signal for a case with the named switch fields on (cached: the oracle is the slow part)."""
+    case = CASES[case_name]
+    description = case.build(geometry=geometry)
+    return play(description, tissue(fields), states=STATES, repetitions=case.repetitions).signal
+
+
+def engine(case_name: str, fields=(), geometry="none", **kw) -> torch.Tensor:
+    case = CASES[case_name]
+    description = case.build(geometry=geometry)
+    return simulate(description, tissue(fields), states=STATES, repetitions=case.repetitions, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case_name", "path"), path_cases())
+def test_sequence_matches_oracle(case_name, path, dtype):
+    """MRF, MRF with 117-degree quadratic phases, CPMG, SPGR (3 repetitions), bSSFP (phase alternation)."""
+    signal = engine(case_name, dtype=dtype, path=path)
+    expected = oracle(case_name)
+    assert signal.dtype == (torch.complex64 if dtype == torch.float32 else torch.complex128)
+    assert signal.shape == expected.shape
+    assert rel_max_err(signal, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_auto_path_matches_oracle(dtype):
+    """path="auto" (the default) picks a path by itself; its result is the oracle's either way."""
+    for case_name in CASES:
+        assert rel_max_err(engine(case_name, dtype=dtype), oracle(case_name)) < TOL[dtype], case_name
+
+
+# ---------------------------------------------------------------------------------------------
+# Tissue switches
+# ---------------------------------------------------------------------------------------------
+
+
+def _switch_params():
+    params = []
+    for switch, (fields, _) in SWITCHES.items():
+        for case_name, case in CASES.items():
+            for path in PATHS:
+                if path == "real" and (not case.real_ok or complex_only(fields)):
+                    continue
+                params.append(pytest.param(switch, case_name, path, id=f"{switch}-{case_name}-{path}"))
+    return params
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("switch", "case_name", "path"), _switch_params())
+def test_tissue_switch_matches_oracle(switch, case_name, path, dtype):
+    """B0, B1, B1phase, M0, inversion efficiency, diffusion, flow (with washout) and washout alone."""
+    fields, geometry = SWITCHES[switch]
+    signal = engine(case_name, fields, geometry, dtype=dtype, path=path)
+    assert rel_max_err(signal, oracle(case_name, fields, geometry)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_each_switch_changes_the_signal(switch):
+    """The comparisons above mean something: every switch changes the oracle's signal by over 1% on at least
+    one sequence (some sequences are blind to some switches: FISP and CPMG to B0, trains without an inversion
+    to the inversion efficiency)."""
+    fields, geometry = SWITCHES[switch]
+    effects = {name: rel_max_err(oracle(name, (), geometry), oracle(name, fields, geometry)) for name in CASES}
+    assert max(effects.values()) > 1e-2, effects
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_every_switch_at_once(path, dtype):
+    """All the switches together (crusher geometry, so diffusion, flow and washout all act) on MRF and CPMG."""
+    fields = ("b1", "m0", "inversion_efficiency", "diffusion_um2_per_ms")
+    if path == "complex":
+        fields += ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
+    for case_name in ("mrf", "cpmg") if path == "complex" else ("mrf",):
+        signal = engine(case_name, fields, "crusher", dtype=dtype, path=path)
+        assert rel_max_err(signal, oracle(case_name, fields, "crusher")) < TOL[dtype], case_name
+
+
+# ---------------------------------------------------------------------------------------------
+# Record modes and voxel shapes
+# ---------------------------------------------------------------------------------------------
+
+#: Samples each record mode keeps from `mixed_readouts` (9 ADCs: 3 NON_ACQUIRED, 5 echoes).
+RECORDED = {"all": 9, "acquired": 6, "echo": 5}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("record", list(RECORDED))
+def test_record_modes(record, path, dtype):
+    description = mixed_readouts()
+    expected = play(description, tissue(), states=STATES, record=record).signal
+    signal = simulate(description, tissue(), states=STATES, record=record, dtype=dtype, path=path)
+    assert signal.shape == (3, RECORDED[record])
+    assert rel_max_err(signal, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_record_modes_keep_samples_in_order(path, dtype):
+    """"acquired" and "echo" are subsets of "all", in the same order (each sample is its ADC's)."""
+    description = mixed_readouts()
+    full = simulate(description, tissue(), states=STATES, dtype=dtype, path=path)
+    acquired = simulate(description, tissue(), states=STATES, record="acquired", dtype=dtype, path=path)
+    echo = simulate(description, tissue(), states=STATES, record="echo", dtype=dtype, path=path)
+    assert torch.equal(acquired, full[:, [j for j in range(9) if j % 3 != 2]])
+    assert torch.equal(echo, full[:, [j for j in range(9) if j % 2 == 0]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_broadcast_voxel_shapes(path, dtype):
+    """T1 of shape (4, 1) and T2 of shape (5,) broadcast to (4, 5) voxels; B1 (5,) and M0 () with them."""
+    t1 = torch.linspace(200.0, 1800.0, 4, dtype=torch.float64).reshape(4, 1)
+    t2 = torch.linspace(20.0, 200.0, 5, dtype=torch.float64)
+    extra = {"b1": torch.linspace(0.8, 1.2, 5, dtype=torch.float64), "m0": f64(0.9)}
+    if path == "complex":
+        extra["b0_hz"] = torch.linspace(-10.0, 10.0, 4, dtype=torch.float64).reshape(4, 1)
+    description = CASES["bssfp"].build()
+    tissue_ = tissue(t1=t1, t2=t2, **extra)
+    expected = play(description, tissue_, states=STATES, repetitions=2).signal
+    signal = simulate(description, tissue_, states=STATES, repetitions=2, dtype=dtype, path=path)
+    assert signal.shape == (4, 5, expected.shape[-1])
+    assert rel_max_err(signal, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_single_voxel_of_scalars(dtype):
+    """Python numbers for every property: voxel shape (), the signal has the samples axis only."""
+    description = CASES["mrf"].build()
+    tissue_ = tissue(t1=800.0, t2=60.0, b1=0.9, m0=1.2)
+    signal = simulate(description, tissue_, states=STATES, dtype=dtype)
+    expected = play(description, tissue_, states=STATES).signal
+    assert signal.shape == expected.shape == (12,)
+    assert rel_max_err(signal, expected) < TOL[dtype]
+
+
+def test_tissue_values_unchanged_by_their_voxel():
+    """Each voxel is simulated alone: the signal of a voxel does not depend on the other voxels or their count."""
+    description = CASES["mrf_quadratic"].build()
+    full = simulate(description, tissue(("b1", "b0_hz")), states=STATES, dtype=torch.float64)
+    one = simulate(description, tissue(t1=f64(T1_MS[1:2]), t2=f64(T2_MS[1:2]), b1=f64([1.0]), b0_hz=f64([2.5])),
+                   states=STATES, dtype=torch.float64)
+    assert torch.equal(full[1:2], one)
