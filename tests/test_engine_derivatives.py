@@ -50,6 +50,10 @@ from blochsim._reference import play
 from blochsim.engine import jacobian, simulate
 from blochsim.sequence import TissueProperties
 
+# torch.autograd.forward_ad.make_dual loads torch's forward-mode decompositions, which script with torch.jit
+# (deprecated in torch 2.9+): torch's warning, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 FIRST = {torch.float32: 1e-4, torch.float64: 1e-10}  # see the module docstring
 SECOND = {torch.float32: 1e-3, torch.float64: 1e-9}
 NEGLIGIBLE_REF = 1e-12  # an oracle derivative below this (per unit input) is zero in exact arithmetic
@@ -117,8 +121,15 @@ def leaves(x: dict) -> dict:
 
 
 def random_like(x: dict, seed: int) -> dict:
+    """A random direction in every input, each scaled to a tenth of its input's mean size (so that T1 in ms
+    and the repetition time in s move the signal alike, and no input's contribution hides below the
+    tolerance of another's)."""
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, dtype=F64, generator=g) for k, v in x.items()}
+    out = {}
+    for k, v in x.items():
+        scale = float(v.abs().mean()) or 1.0
+        out[k] = 0.1 * scale * torch.randn(v.shape, dtype=F64, generator=g)
+    return out
 
 
 def random_complex(shape, seed: int) -> torch.Tensor:
@@ -406,7 +417,8 @@ def test_dot_product_jvp_vjp(case_name, path, dtype):
 
 
 def small_problem(path: str):
-    """Four shots of MRF with crushers, two voxels, six orders: small enough for finite differences."""
+    """Four shots of MRF with crushers, played twice (the wrap interval is differentiated too), two voxels,
+    six orders: small enough for finite differences."""
     names = ["flips", "tr_s", "t1_ms", "t2_ms", "b1", "m0", "inversion_efficiency", "diffusion_um2_per_ms"]
     x = {"flips": f64([0.3, 0.7, 0.5, 0.9]), "tr_s": f64(0.01), "t1_ms": f64([500.0, 900.0]),
          "t2_ms": f64([50.0, 90.0]), "b1": f64([0.9, 1.1]), "m0": f64([1.0, 0.8]),
@@ -421,7 +433,7 @@ def small_problem(path: str):
         kw = {k: named[k] for k in EVENT_INPUTS if k in named}
         description = CASES["mrf"].build(n=4, geometry="crusher", **kw)
         tissue = TissueProperties(**{k: v for k, v in named.items() if k not in EVENT_INPUTS})
-        return simulate(description, tissue, states=6, dtype=torch.float64, path=path)
+        return simulate(description, tissue, states=6, repetitions=2, dtype=torch.float64, path=path)
 
     return fn, tuple(x[k].clone().requires_grad_() for k in names)
 

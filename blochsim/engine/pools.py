@@ -55,7 +55,9 @@ def pool_model(tissue) -> PoolModel:
 
 
 def _f64(value) -> torch.Tensor:
-    return value.to(torch.float64) if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _rate(t_ms: torch.Tensor) -> torch.Tensor:
@@ -88,7 +90,6 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
     """
     if lineshape not in LINESHAPES:
         raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
-    water = [""] + list(model.letters)
     fields = {}
 
     def get(name):
