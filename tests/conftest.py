@@ -144,6 +144,18 @@ def mixed_readouts(flips=None, tr_s=0.01, *, n=9) -> SequenceDescription:
     return SequenceDescription.from_operators(*ops)
 
 
+def off_axis(flips=None, *, n=8) -> SequenceDescription:
+    """Pulses about 0.7 rad and its opposite (alternating), ADCs demodulated at 0.2 rad, the first pulse 3 ms
+    after the start of the repetition (so the wrap interval differs from the first one), TE 2 ms, TR 8 ms.
+    One pulse axis: the real path takes it, in the frame of the axis."""
+    flips = 0.3 + 0.05 * torch.arange(n, dtype=F64) if flips is None else flips
+    ops = [Delay(0.003)]
+    for j in range(n):
+        phase = 0.7 + math.pi * (j % 2)
+        ops.append(Excitation(flips[j], phase) @ Delay(0.002) @ Readout(0.2) @ Dephase() @ Delay(0.006))
+    return SequenceDescription.from_operators(*ops)
+
+
 @dataclass(frozen=True)
 class Case:
     """A sequence family: its builder, how many repetitions to play, whether it can take the real path."""

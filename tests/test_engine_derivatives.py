@@ -9,16 +9,17 @@ and torch.autograd.gradcheck / gradgradcheck on the float64 kernels.
 
 Tolerances, relative to the largest entry of the oracle's derivative (per input):
 - first order, float32: 1e-4. A derivative is a sum over events of products of states and adjoint states,
-  each with float32 round-off ~1e-6 relative (see test_engine_forward.py), and the sum cancels: the
-  adjoint of a contracting map is contracting too, but a derivative that is small next to its terms
-  (a T1 derivative in a train dominated by T2) loses a factor ~10 more. Seen: up to 2e-5.
-- first order, float64: 1e-10 (seen: up to 2e-14; the same argument at 1.1e-16 round-off).
-- second order, float32: 1e-3 (one more differentiation, one more cancelling sum of products: ~10x the
-  first-order error). float64: 1e-9.
+  each with float32 round-off ~1e-6 relative (see test_engine_forward.py), and the sum cancels: a
+  derivative that is small next to its terms (a T1 derivative in a train dominated by T2, a Jacobian column
+  of D) loses another factor ~10. Seen: up to 1.5e-5 (Jacobian), 7e-6 (VJP), 6e-6 (forward AD).
+- first order, float64: 1e-10 (the same argument at 1.1e-16 round-off gives ~1e-13; seen: up to 2e-14).
+- second order, float32: 1e-3 and float64: 1e-9: one more differentiation is one more cancelling sum of
+  products, allowed ~10x the first-order error (seen: 1e-5 and 2e-14, so the margin is wide).
 A derivative that is zero in exact arithmetic (B0 on FISP and CPMG trains, which are blind to a uniform
 off-resonance; the inversion efficiency without an inversion) has no scale to be relative to: there the
-engine's derivative must be below an absolute 1e-6 (float32) or 1e-13 (float64) per unit of the input,
-against signals of order 0.1-1.
+engine's derivative must be below an absolute 1e-5 (float32) or 1e-13 (float64) per unit of the input. It is
+a sum of cancelling terms of size ~0.1 per unit (B0 in Hz) with float32 round-off, ~1e-7 seen; 1e-5 is still
+far below a real sensitivity (bSSFP: ~0.05 per Hz).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from conftest import (
     T1_MS,
     T2_MS,
     f64,
+    off_axis,
     path_cases,
     quadratic_phases,
     ramp,
@@ -48,16 +50,16 @@ from torch.autograd import forward_ad as fwAD
 
 from blochsim._reference import play
 from blochsim.engine import jacobian, simulate
-from blochsim.sequence import TissueProperties
+from blochsim.sequence import TissueProperties, mrf_description
 
 # torch.autograd.forward_ad.make_dual loads torch's forward-mode decompositions, which script with torch.jit
-# (deprecated in torch 2.9+): torch's warning, not ours.
+# (deprecated in recent torch): a warning of torch's, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 FIRST = {torch.float32: 1e-4, torch.float64: 1e-10}  # see the module docstring
 SECOND = {torch.float32: 1e-3, torch.float64: 1e-9}
 NEGLIGIBLE_REF = 1e-12  # an oracle derivative below this (per unit input) is zero in exact arithmetic
-ZERO_ATOL = {torch.float32: 1e-6, torch.float64: 1e-13}
+ZERO_ATOL = {torch.float32: 1e-5, torch.float64: 1e-13}
 
 EVENT_INPUTS = ("flips", "tr_s", "phases")
 
@@ -185,6 +187,62 @@ def test_vjp_matches_oracle(case_name, path, dtype):
         assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_vjp_broadcast_shapes_and_shared_values(path, dtype):
+    """Tissue of shapes (4, 1) and (5,) broadcast to (4, 5) voxels, one B1 for all (a 0-d tensor: sent with
+    stride 0, its per-voxel gradients summed back), an M0 of shape (1,), a TR tensor and flips: the gradients
+    keep the inputs' shapes and match the oracle's."""
+    x = {"flips": ramp(8, 20, 50), "tr_s": f64(0.008), "t1_ms": torch.linspace(200.0, 1800.0, 4, dtype=F64)[:, None],
+         "t2_ms": torch.linspace(20.0, 200.0, 5, dtype=F64), "b1": f64(0.9), "m0": f64([1.1])}
+    if path == "complex":
+        x["b0_hz"] = torch.linspace(-8.0, 8.0, 5, dtype=F64)
+
+    def run(fn, leaf):
+        description = CASES["bssfp"].build(flips=leaf["flips"], tr_s=leaf["tr_s"], n=8)
+        return fn(description, TissueProperties(**{k: v for k, v in leaf.items() if k not in EVENT_INPUTS}))
+
+    leaf = leaves(x)
+    ref = run(lambda d, t: play(d, t, states=STATES, repetitions=2).signal, leaf)
+    w = random_complex(ref.shape, seed=6)
+    expected = grads(inner(w, ref), leaf)
+    leaf = leaves(x)
+    signal = run(lambda d, t: simulate(d, t, states=STATES, repetitions=2, dtype=dtype, path=path), leaf)
+    assert signal.shape == ref.shape == (4, 5, 8)
+    got = grads(inner(w.to(signal.dtype), signal), leaf)
+    for name in x:
+        assert got[name].shape == x[name].shape, name
+        assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("states", [1, 2])
+def test_vjp_and_jacobian_with_few_states(states, path, dtype):
+    """One and two EPG orders (the edge cases of the shift and its adjoint), pulses off the x axis, a late first
+    event and 2 repetitions: VJP w.r.t. flips and T1, T2; Jacobian along T1, T2, B1."""
+    flips = (0.3 + 0.05 * torch.arange(8, dtype=F64)).requires_grad_()
+    t1, t2 = f64(T1_MS).requires_grad_(), f64(T2_MS).requires_grad_()
+    b1 = f64(SWITCH_VALUES["b1"])
+    props = TissueProperties(t1_ms=t1, t2_ms=t2, b1=b1)
+    ref = play(off_axis(flips), props, states=states, repetitions=2).signal
+    w = random_complex(ref.shape, seed=7)
+    expected = torch.autograd.grad(inner(w, ref), (flips, t1, t2))
+    signal = simulate(off_axis(flips), props, states=states, repetitions=2, dtype=dtype, path=path)
+    got = torch.autograd.grad(inner(w.to(signal.dtype), signal), (flips, t1, t2))
+    for name, a, b in zip(("flips", "t1_ms", "t2_ms"), got, expected, strict=True):
+        assert_close(a, b, FIRST[dtype], dtype, name)
+    fields = ("t1_ms", "t2_ms", "b1")
+    _, J = jacobian(off_axis(), TissueProperties(t1_ms=f64(T1_MS), t2_ms=f64(T2_MS), b1=b1), fields, states=states,
+                    repetitions=2, dtype=dtype, path=path)
+    for p, name in enumerate(fields):
+        tangents = {k: torch.zeros(3, dtype=F64) for k in fields}
+        tangents[name] = torch.ones(3, dtype=F64)
+        column = forward_ad(lambda d: play(off_axis(), TissueProperties(**d), states=states, repetitions=2).signal,
+                            {"t1_ms": f64(T1_MS), "t2_ms": f64(T2_MS), "b1": b1}, tangents)
+        assert_close(J[:, p], column, FIRST[dtype], dtype, name)
+
+
 # ---------------------------------------------------------------------------------------------
 # First order: forward mode
 # ---------------------------------------------------------------------------------------------
@@ -255,9 +313,10 @@ def test_forward_ad_matches_oracle(case_name, path, dtype):
     assert rel_max_err(got, oracle_jvp(case_name, path)) < FIRST[dtype]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: compile_program calls .numpy() on a tensor made under the "
-                   "transform (program.py, `(dt_s.detach() != 0).numpy()`), which torch.func wraps: "
-                   "RuntimeError 'Cannot access data pointer of Tensor that doesn't have storage'")
+@pytest.mark.xfail(strict=True, reason="engine bug: torch.func transforms wrap every tensor made under them, and "
+                   "the engine reads raw pointers: first program.py `(dt_s.detach() != 0).numpy()` fails with "
+                   "'Cannot access data pointer of Tensor that doesn't have storage'; past that, Static.action "
+                   "(torch.from_numpy under the transform) and EpgSimulate.jvp's saved tensors fail the same way")
 @pytest.mark.parametrize("path", PATHS)
 def test_torch_func_jvp_matches_oracle(path):
     """torch.func.jvp through engine.simulate (the functorch front end of forward mode), tissue tangents only."""
@@ -303,6 +362,25 @@ def test_forward_ad_tangent_at_identity_value():
     expected = forward_ad(lambda d: run_oracle("bssfp", d), x, tangents)
     got = forward_ad(lambda d: run_engine("bssfp", d, torch.float64, "complex"), x, tangents)
     assert rel_max_err(got, expected) < FIRST[torch.float64]
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug (shared by the oracle): a zero-length interval is skipped "
+                   "unless its dt requires grad (program.py `differentiable_dt = dt_s.requires_grad`; "
+                   "_reference.epg.play's `interval`), so a forward-mode tangent on it is dropped: d/dTI at TI = 0 "
+                   "comes out 0 in forward mode and -3.16 in reverse mode")
+def test_forward_ad_tangent_on_zero_length_interval():
+    """d signal / d TI at TI = 0 (inversion, then excitation at once): forward mode must give what reverse mode
+    gives. Compared with the engine's own reverse mode, which matches the oracle's (test_vjp_matches_oracle);
+    the oracle's forward mode drops this tangent too."""
+    def run(ti):
+        description = mrf_description([0.3, 0.5, 0.7], 0.01, inversion_time_s=ti)
+        return simulate(description, TissueProperties(t1_ms=800.0, t2_ms=60.0), states=8, dtype=torch.float64)
+
+    ti = torch.tensor(0.0, dtype=F64, requires_grad=True)
+    (reverse,) = torch.autograd.grad(run(ti).imag.sum(), ti)
+    forward = forward_ad(lambda d: run(d["ti"]), {"ti": f64(0.0)}, {"ti": f64(1.0)})
+    assert abs(float(reverse)) > 1.0  # the recovery from -1 at once: dZ/dt = 2/T1, a real derivative
+    assert abs(float(forward.imag.sum()) - float(reverse)) < 1e-10 * abs(float(reverse))
 
 
 # ---------------------------------------------------------------------------------------------

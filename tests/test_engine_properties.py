@@ -317,6 +317,6 @@ def test_bad_call_arguments_rejected(kw, match):
         simulate(DESCRIPTION, tissue(), states=STATES, **kw)
 
 
-def test_jacobian_field_must_be_a_kernel_field():
-    with pytest.raises(ValueError, match="t1_bound_ms"):
-        jacobian(DESCRIPTION, tissue(), ("t1_ms", "t1_bound_ms"), states=STATES)
+def test_jacobian_field_must_be_a_tissue_field():
+    with pytest.raises(ValueError, match="t3_ms"):
+        jacobian(DESCRIPTION, tissue(), ("t1_ms", "t3_ms"), states=STATES)

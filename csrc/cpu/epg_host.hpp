@@ -106,32 +106,6 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
   return pb;
 }
 
-template <class N>
-inline void store_complex(const Cx<N>& x, typename Num<N>::Real* out, typename Num<N>::Real* out_tan,
-                          int64_t index, int64_t tan_stride_p) {
-  out[2 * index] = value_of(x.re);
-  out[2 * index + 1] = value_of(x.im);
-  if constexpr (Num<N>::P > 0) {
-    if (out_tan)
-      for (int p = 0; p < Num<N>::P; ++p) {
-        out_tan[2 * (p * tan_stride_p + index)] = x.re.d[p];
-        out_tan[2 * (p * tan_stride_p + index) + 1] = x.im.d[p];
-      }
-  }
-}
-
-template <class N>
-inline Cx<N> load_complex(const typename Num<N>::Real* in, const typename Num<N>::Real* in_tan, int64_t index) {
-  Cx<N> x(N(in[2 * index]), N(in[2 * index + 1]));
-  if constexpr (Num<N>::P > 0) {
-    if (in_tan) {
-      x.re.d[0] = in_tan[2 * index];
-      x.im.d[0] = in_tan[2 * index + 1];
-    }
-  }
-  return x;
-}
-
 // Forward (N = R) and JVP (N = Dual<R, P>).
 template <class N, class S>
 void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, const bs_tangents* tg,
@@ -139,19 +113,18 @@ void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb,
   using R = typename Num<N>::Real;
   const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
   const int64_t V = ts.num_voxels, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
-  R* out = static_cast<R*>(signal);
-  R* out_tan = static_cast<R*>(signal_tangent);
   parallel_for(nblocks, threads, [&](int64_t b, int) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t states_bytes = sizeof(S) * state_size(pb) * scratch_states(pb, false);
-    const size_t need = states_bytes + sizeof(Cx<N>) * (pb.S + 1);
+    const size_t need = sizeof(S) * state_size(pb);
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
-    S* scratch = reinterpret_cast<S*>(scratch_bytes.data());
-    Cx<N>* samples = reinterpret_cast<Cx<N>*>(scratch_bytes.data() + states_bytes);
+    S* work = reinterpret_cast<S*>(scratch_bytes.data());
+    SampleIO<N> io;
+    io.signal = static_cast<R*>(signal);
+    io.signal_tan = static_cast<R*>(signal_tangent);
+    io.tan_stride = V * pb.S;
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
-      const Voxel<N> t = load_voxel<N>(pb, v);
-      forward_voxel<N, S>(pb, v, t, scratch, samples);
-      for (int64_t s = 0; s < pb.S; ++s) store_complex(samples[s], out, out_tan, v * pb.S + s, V * pb.S);
+      io.base = v * pb.S;
+      forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), work, io);
     }
   });
 }
@@ -164,68 +137,45 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
              const bs_table_grads* table_grads_tangent, void* signal, void* signal_tangent) {
   using R = typename Num<N>::Real;
   const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
-  // Per-voxel table cotangents: L, r, T (complex), zeq, sat.
-  const int64_t D = pb.tabulated ? pb.num_intervals : 0, nl = pb.nl, nt = pb.nt;
-  const int64_t table_sizes[5] = {D * nl * nl, D * nl, 2 * D * nt * nt, pb.tabulated ? nl : 0,
-                                  pb.tabulated ? pb.E : 0};
-  int64_t table_total = 0;
-  for (int64_t n : table_sizes) table_total += n;
   const int64_t V = ts.num_voxels, E = pb.E, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
   const int64_t nev = 3 * E + 1;  // dt[E], flip[E], phase[E], dt_wrap
   std::vector<N> block_grads(static_cast<size_t>(nblocks * nev), N(0));
-  const R* cot = static_cast<const R*>(cotangent);
-  const R* cot_tan = static_cast<const R*>(cotangent_tangent);
+  int64_t sizes[5];
+  table_sizes(pb, sizes);
+  const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+  GradOut<R> out{};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    out.tissue[j] = static_cast<R*>(grads.tissue[j]);
+    out.tissue_tan[j] = grads_tangent ? static_cast<R*>(grads_tangent->tissue[j]) : nullptr;
+  }
+  if (table_grads) {
+    void* const t[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
+    for (int i = 0; i < 5; ++i) out.table[i] = static_cast<R*>(t[i]);
+  }
+  if (table_grads_tangent) {
+    const bs_table_grads* g = table_grads_tangent;
+    void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
+    for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
+  }
   parallel_for(nblocks, threads, [&](int64_t b, int) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t planes_bytes = sizeof(S) * state_size(pb) * scratch_states(pb, true);
-    const size_t need = planes_bytes + 2 * sizeof(Cx<N>) * (pb.S + 1) + sizeof(N) * (table_total + 1);
+    const size_t work_bytes = sizeof(S) * state_size(pb) * 3;
+    const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb);
+    const size_t need = work_bytes + store_bytes + sizeof(N) * (table_total + 1);
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
-    S* scratch = reinterpret_cast<S*>(scratch_bytes.data());
-    Cx<N>* w = reinterpret_cast<Cx<N>*>(scratch_bytes.data() + planes_bytes);
-    Cx<N>* samples = w + (pb.S + 1);
-    N* table_acc = reinterpret_cast<N*>(samples + (pb.S + 1));
-    N* acc = block_grads.data() + b * nev;
-    EventGrad<N> eg{acc, acc + 3 * E, acc + E, acc + 2 * E};
+    S* work = reinterpret_cast<S*>(scratch_bytes.data());
+    S* store = reinterpret_cast<S*>(scratch_bytes.data() + work_bytes);
+    N* table_acc = reinterpret_cast<N*>(scratch_bytes.data() + work_bytes + store_bytes);
+    SampleIO<N> io;
+    io.signal = static_cast<R*>(signal);
+    io.signal_tan = static_cast<R*>(signal_tangent);
+    io.tan_stride = 0;
+    io.cot = static_cast<const R*>(cotangent);
+    io.cot_tan = static_cast<const R*>(cotangent_tangent);
+    const EventGrad<N> eg{block_grads.data() + b * nev, E};
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
-      const Voxel<N> t = load_voxel<N>(pb, v);
-      for (int64_t s = 0; s < pb.S; ++s) w[s] = load_complex<N>(cot, cot_tan, v * pb.S + s);
-      VoxelGrad<N> g;
-      for (int64_t i = 0; i < table_total; ++i) table_acc[i] = N(0);
-      TableGrad<N> tg{table_acc, table_acc + table_sizes[0],
-                      reinterpret_cast<Cx<N>*>(table_acc + table_sizes[0] + table_sizes[1]),
-                      table_acc + table_sizes[0] + table_sizes[1] + table_sizes[2],
-                      table_acc + table_sizes[0] + table_sizes[1] + table_sizes[2] + table_sizes[3]};
-      vjp_voxel<N, S>(pb, v, t, scratch, w, samples, g, eg, tg);
-      if (pb.tabulated && table_grads) {
-        void* const outs[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
-        void* const outs_t[5] = {
-            table_grads_tangent ? table_grads_tangent->L : nullptr, table_grads_tangent ? table_grads_tangent->r : nullptr,
-            table_grads_tangent ? table_grads_tangent->T : nullptr, table_grads_tangent ? table_grads_tangent->zeq : nullptr,
-            table_grads_tangent ? table_grads_tangent->sat : nullptr};
-        const N* src = table_acc;
-        for (int i = 0; i < 5; ++i) {
-          for (int64_t j = 0; j < table_sizes[i]; ++j) {
-            if (outs[i]) static_cast<R*>(outs[i])[v * table_sizes[i] + j] = value_of(src[j]);
-            if constexpr (Num<N>::P > 0) {
-              if (outs_t[i]) static_cast<R*>(outs_t[i])[v * table_sizes[i] + j] = src[j].d[0];
-            }
-          }
-          src += table_sizes[i];
-        }
-      }
-      if (signal)
-        for (int64_t s = 0; s < pb.S; ++s)
-          store_complex(samples[s], static_cast<R*>(signal), static_cast<R*>(signal_tangent), v * pb.S + s, 0);
-      // Times: d/dT = d/d(rate) * d(rate)/dT.
-      const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
-                                          g.b1phase, g.b0, g.inv, g.D, g.v};
-      for (int j = 0; j < BS_NUM_TISSUE; ++j) {
-        if (grads.tissue[j]) static_cast<R*>(grads.tissue[j])[v] = value_of(per_param[j]);
-        if constexpr (Num<N>::P > 0) {
-          if (grads_tangent && grads_tangent->tissue[j])
-            static_cast<R*>(grads_tangent->tissue[j])[v] = per_param[j].d[0];
-        }
-      }
+      io.base = v * pb.S;
+      vjp_voxel_out<N, S>(pb, v, work, store, table_acc, io, eg, out);
     }
   });
   // Reduce blocks in order, in double.

@@ -46,35 +46,54 @@ def complex_dtype(real: torch.dtype) -> torch.dtype:
 def as_tensors(values: Mapping[str, Any], *, complex_ok: tuple[str, ...] = ()) -> dict[str, torch.Tensor | None]:
     """Convert named inputs to tensors of one real dtype (complex where allowed) on one device.
 
-    The dtype is the promotion of the floating inputs (float32 at least: a float64 or complex128 input
-    makes it float64); Python numbers and integer arrays take part only through torch's default dtype
-    when nothing else is floating. The device is that of the first tensor given. `None` stays `None`.
-    A complex value is an error unless its name is in `complex_ok` (it then becomes complex64/128).
+    The dtype is the promotion of the floating tensors and arrays given (float32 at least, float64 when any
+    is float64 or complex128). Python numbers and lists are weak, as in torch: they take that dtype
+    without lowering it, and alone give torch's default dtype (float32). The device is that of the first
+    tensor given. `None` stays `None`. A complex value is a TypeError unless its name is in `complex_ok`
+    (it then becomes complex64/128).
     """
-    converted: dict[str, torch.Tensor | None] = {}
+    strong: dict[str, torch.Tensor] = {}
     device = None
     real = None
+    for name, value in values.items():
+        if value is None or not hasattr(value, "dtype"):
+            continue  # Python numbers and sequences are weak
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if isinstance(value, torch.Tensor) and device is None:
+            device = value.device
+        if t.is_floating_point() or t.is_complex():
+            r = _real_dtype_of(t.dtype)
+            real = r if real is None else torch.promote_types(real, r)
+        strong[name] = t
+    if real is None:
+        real = torch.get_default_dtype()
+    elif real in (torch.float16, torch.bfloat16):
+        real = torch.float32
+    cplx = complex_dtype(real)
+    converted: dict[str, torch.Tensor | None] = {}
     for name, value in values.items():
         if value is None:
             converted[name] = None
             continue
-        if isinstance(value, torch.Tensor) and device is None:
-            device = value.device
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        t = strong.get(name)
+        if t is None:
+            is_complex = any(isinstance(x, complex) for x in _flat(value))
+            t = torch.as_tensor(value, dtype=cplx if is_complex else real, device=device)
         if t.is_complex() and name not in complex_ok:
-            raise TypeError(f"{name} must be real, got a {t.dtype} value; only {complex_ok or 'no argument'} may be "
-                            "complex here")
-        if t.is_floating_point() or t.is_complex():
-            r = _real_dtype_of(t.dtype)
-            real = r if real is None else torch.promote_types(real, r)
-        converted[name] = t
-    if real is None or real in (torch.float16, torch.bfloat16):
-        real = torch.promote_types(torch.get_default_dtype(), torch.float32) if real is None else torch.float32
-    cplx = complex_dtype(real)
-    for name, t in converted.items():
-        if t is not None:
-            converted[name] = t.to(device=device, dtype=cplx if t.is_complex() else real)
+            raise TypeError(
+                f"{name} must be real, got a complex value; only {', '.join(complex_ok) or 'no argument'} may be "
+                "complex here"
+            )
+        converted[name] = t.to(device=device, dtype=cplx if t.is_complex() else real)
     return converted
+
+
+def _flat(value: Any):
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flat(item)
+    else:
+        yield value
 
 
 def check_nonnegative(what: str = "a time >= 0 ms", **values: torch.Tensor | None) -> None:

@@ -164,9 +164,7 @@ def irmultigradientecho(
         ),
         complex_ok=("M0",),
     )
-    check_times(
-        TI=v["TI"], TE=v["TE"], T1=v["T1"], fat_T1=v["fat_T1"], T2star=v["T2star"], fat_T2star=v["fat_T2star"]
-    )
+    check_times(TI=v["TI"], TE=v["TE"], T1=v["T1"], fat_T1=v["fat_T1"], T2star=v["T2star"], fat_T2star=v["fat_T2star"])
     ti, ff = v["TI"], v["fat_fraction"]
     fat_t1 = v["fat_T1"] if v["fat_T1"] is not None else v["T1"]
     eff = v["inv_efficiency"]

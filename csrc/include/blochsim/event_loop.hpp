@@ -8,6 +8,59 @@
 
 namespace bs {
 
+// Where a voxel's samples go and its cotangent comes from: sample s of voxel v at index v * S + s of
+// interleaved complex arrays; tangents [P, V, S] with stride tan_stride between directions.
+template <class N>
+struct SampleIO {
+  using R = typename Num<N>::Real;
+  R* signal = nullptr;
+  R* signal_tan = nullptr;
+  int64_t tan_stride = 0;
+  const R* cot = nullptr;
+  const R* cot_tan = nullptr;
+  int64_t base = 0;
+
+  BS_HD void put(int64_t s, const Cx<N>& x) const {
+    const int64_t i = base + s;
+    signal[2 * i] = value_of(x.re);
+    signal[2 * i + 1] = value_of(x.im);
+    if constexpr (Num<N>::P > 0) {
+      if (signal_tan)
+        for (int p = 0; p < Num<N>::P; ++p) {
+          signal_tan[2 * (p * tan_stride + i)] = x.re.d[p];
+          signal_tan[2 * (p * tan_stride + i) + 1] = x.im.d[p];
+        }
+    }
+  }
+  BS_HD Cx<N> get(int64_t s) const {
+    const int64_t i = base + s;
+    Cx<N> x(N(cot[2 * i]), N(cot[2 * i + 1]));
+    if constexpr (Num<N>::P > 0) {
+      if (cot_tan) {
+        x.re.d[0] = cot_tan[2 * i];
+        x.im.d[0] = cot_tan[2 * i + 1];
+      }
+    }
+    return x;
+  }
+};
+
+// Event-value gradients, summed over repetitions (and, by the caller, over voxels).
+enum EventGradKind { kGradDt = 0, kGradFlip = 1, kGradPhase = 2, kGradDtWrap = 3 };
+
+// Host accumulator: per-block arrays dt [E], flip [E], phase [E], dt_wrap [1] (in that order in `acc`).
+template <class N>
+struct EventGrad {
+  N* acc;
+  int64_t E;
+  BS_HD void add(int kind, int64_t e, const N& x) const {
+    if (kind == kGradDtWrap)
+      acc[3 * E] += x;
+    else
+      acc[kind * E + e] += x;
+  }
+};
+
 // Interval row of event (global index i): its own, or the wrap interval on later repetitions.
 template <class N, class R>
 BS_HD int64_t interval_row(const Problem<R>& pb, const EventValues<N>& ev) {
@@ -22,7 +75,7 @@ BS_HD void equilibrium_state(const Problem<R>& pb, int64_t v, State<S> x) {
 
 template <class N, class S, class R>
 BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        Cx<N>* samples) {
+                        const SampleIO<N>* io) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = pb.K;
   if (ev.action & BS_INTERVAL) {
@@ -42,10 +95,10 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, rot);
     if (x.nl > x.nt) saturate(x, alpha, fetch_table<N>(pb.table_sat, v, ev.e));
   }
-  if (samples && ev.record >= 0 && ev.last_rep) {
+  if (io && io->signal && ev.record >= 0 && ev.last_rep) {
     Cx<N> sum;
     for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
-    samples[ev.record] = sum * cis(-ev.phase) * t.m0;
+    io->put(ev.record, sum * cis(-ev.phase) * t.m0);
   }
   if (ev.action & BS_CRUSH_AFTER)
     for (int p = 0; p < x.nt; ++p) shift(x.water(p), K);
@@ -56,20 +109,11 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
 }
 
-// Event-value gradient accumulators (summed over repetitions).
-template <class N>
-struct EventGrad {
-  N* dt;       // [E]
-  N* dt_wrap;  // [1]
-  N* flip;     // [E]
-  N* phase;    // [E]
-};
-
 // Adjoint of one event. x_pre: state before the event; tmp: scratch; l: lambda, updated in place.
-template <class N, class S, class R>
+template <class N, class S, class R, class EG>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
-                        State<S> x_pre, State<S> tmp, State<S> l, const Cx<N>* cot, VoxelGrad<N>& g,
-                        EventGrad<N> eg, TableGrad<N> tg) {
+                        State<S> x_pre, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
+                        const EG& eg, TableGrad<N> tg) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = pb.K;
   // Recompute the state ahead of the RF / ADC.
@@ -92,14 +136,14 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
   if (ev.action & BS_CRUSH_AFTER)
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
-  if (cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
-    const Cx<N> w = cot[ev.record];
+  if (io.cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
+    const Cx<N> w = io.get(ev.record);
     const Cx<N> turn = cis(-ev.phase);
     Cx<N> u;
     for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
     u = u * turn;
     g.m0 += re_dot(w, u);
-    eg.phase[ev.e] += t.m0 * re_dot(w, mul_i(-u));
+    eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
     for (int p = 0; p < l.nt; ++p) add_sample_adjoint(l.fp(p)[0], w, turn * t.m0);
   }
   if (ev.action & BS_INVERSION) {
@@ -110,33 +154,34 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     if (l.nl > l.nt) saturate_adjoint(l, tmp, alpha, fetch_table<N>(pb.table_sat, v, ev.e), g_alpha, tg.sat[ev.e]);
     const Rotation<N> rot = make_rotation(alpha, ev.phase + t.b1phase, complex_path);
     for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
-    eg.flip[ev.e] += g_alpha * t.b1;
+    eg.add(kGradFlip, ev.e, g_alpha * t.b1);
     g.b1 += g_alpha * ev.flip;
-    eg.phase[ev.e] += g_phi;
+    eg.add(kGradPhase, ev.e, g_phi);
     g.b1phase += g_phi;
   }
   if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
   if (ev.action & BS_INTERVAL) {
-    N* g_dt = ev.wrap ? eg.dt_wrap : eg.dt + ev.e;
+    N g_dt = N(0);
     if (pb.tabulated)
-      relax_tables_adjoint(pb, v, interval_row(pb, ev), iv, t, l, x_pre, tg, g, g_dt);
+      relax_tables_adjoint(pb, v, interval_row(pb, ev), iv, t, l, x_pre, tg, g, &g_dt);
     else
-      relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, g_dt);
+      relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, &g_dt);
+    eg.add(ev.wrap ? kGradDtWrap : kGradDt, ev.e, g_dt);
   }
 }
 
 // ---- whole voxels ---------------------------------------------------------------------------------------
-// Scratch a voxel needs, in states: the current state, tmp, lambda, the replay buffer (stride states) and
-// the checkpoints (one every stride events).
-template <class R>
-BS_HD int64_t scratch_states(const Problem<R>& pb, bool adjoint) {
-  const int64_t n = pb.E * pb.reps;
-  return adjoint ? 3 + pb.stride + (n + pb.stride - 1) / pb.stride : 1;
-}
+// A voxel's scratch: `work` holds three states (current, tmp, lambda); the adjoint's `store` holds the replay
+// buffer (stride states) and the checkpoints (one every stride events).
 template <class R>
 BS_HD int64_t state_size(const Problem<R>& pb) {
   return (2 * pb.nt + pb.nl) * pb.K;
+}
+template <class R>
+BS_HD int64_t store_states(const Problem<R>& pb) {
+  const int64_t n = pb.E * pb.reps;
+  return pb.stride + (n + pb.stride - 1) / pb.stride;
 }
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, S* base, int64_t index) {
@@ -144,26 +189,26 @@ BS_HD State<S> state_at(const Problem<R>& pb, S* base, int64_t index) {
 }
 
 template <class N, class S, class R>
-BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* scratch, Cx<N>* samples) {
-  State<S> x = state_at(pb, scratch, 0);
+BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* work, const SampleIO<N>& io) {
+  State<S> x = state_at(pb, work, 0);
   equilibrium_state<S, N>(pb, v, x);
   const int64_t n = pb.E * pb.reps;
-  for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, samples);
+  for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io);
 }
 
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
-// replays each stretch from its checkpoint. Writes the forward samples too when `samples` is given.
-template <class N, class S, class R>
-BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* scratch, const Cx<N>* cot,
-                     Cx<N>* samples, VoxelGrad<N>& g, EventGrad<N> eg, TableGrad<N> tg) {
+// replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set.
+template <class N, class S, class R, class EG>
+BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* work, S* store, const SampleIO<N>& io,
+                     VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride;
-  State<S> x = state_at(pb, scratch, 0), tmp = state_at(pb, scratch, 1), l = state_at(pb, scratch, 2);
-  auto replay = [&](int64_t j) { return state_at(pb, scratch, 3 + j); };
-  auto checkpoint = [&](int64_t c) { return state_at(pb, scratch, 3 + stride + c); };
+  State<S> x = state_at(pb, work, 0), tmp = state_at(pb, work, 1), l = state_at(pb, work, 2);
+  auto replay = [&](int64_t j) { return state_at(pb, store, j); };
+  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c); };
   equilibrium_state<S, N>(pb, v, x);
   for (int64_t i = 0; i < n; ++i) {
     if (i % stride == 0) copy_state(checkpoint(i / stride), x);
-    step_forward(pb, v, t, load_event<N>(pb, i), x, samples);
+    step_forward(pb, v, t, load_event<N>(pb, i), x, &io);
   }
   zero_state(l);
   for (int64_t c = (n - 1) / stride; c >= 0; --c) {
@@ -171,14 +216,71 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* scra
     copy_state(x, checkpoint(c));
     for (int64_t i = i0; i < i1; ++i) {
       copy_state(replay(i - i0), x);
-      if (i + 1 < i1) step_forward(pb, v, t, load_event<N>(pb, i), x, static_cast<Cx<N>*>(nullptr));
+      if (i + 1 < i1) step_forward(pb, v, t, load_event<N>(pb, i), x, static_cast<const SampleIO<N>*>(nullptr));
     }
     for (int64_t i = i1 - 1; i >= i0; --i)
-      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), tmp, l, cot, g, eg, tg);
+      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), tmp, l, io, g, eg, tg);
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
   if (pb.tabulated)
     for (int q = 0; q < l.nl; ++q) tg.zeq[q] += re(l.z(q)[0]);
+}
+
+// Table cotangent sizes of a voxel, in N: L, r, T (complex: 2 per entry), zeq, sat.
+template <class R>
+BS_HD void table_sizes(const Problem<R>& pb, int64_t sizes[5]) {
+  const int64_t D = pb.tabulated ? pb.num_intervals : 0, nl = pb.nl, nt = pb.nt;
+  sizes[0] = D * nl * nl;
+  sizes[1] = D * nl;
+  sizes[2] = 2 * D * nt * nt;
+  sizes[3] = pb.tabulated ? nl : 0;
+  sizes[4] = pb.tabulated ? pb.E : 0;
+}
+
+// Where a voxel's gradients go: tissue [V] per property, tables [V, size] per table (values and tangents).
+template <class R>
+struct GradOut {
+  R* tissue[BS_NUM_TISSUE];
+  R* tissue_tan[BS_NUM_TISSUE];
+  R* table[5];
+  R* table_tan[5];
+};
+
+// The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg.
+// `table_acc` is scratch of at least the sum of table_sizes N.
+template <class N, class S, class R, class EG>
+BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, S* work, S* store, N* table_acc, const SampleIO<N>& io,
+                         const EG& eg, const GradOut<R>& out) {
+  const Voxel<N> t = load_voxel<N>(pb, v);
+  int64_t sizes[5];
+  table_sizes(pb, sizes);
+  const int64_t total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+  for (int64_t i = 0; i < total; ++i) table_acc[i] = N(0);
+  N* acc = table_acc;
+  TableGrad<N> tg{acc, acc + sizes[0], reinterpret_cast<Cx<N>*>(acc + sizes[0] + sizes[1]),
+                  acc + sizes[0] + sizes[1] + sizes[2], acc + sizes[0] + sizes[1] + sizes[2] + sizes[3]};
+  VoxelGrad<N> g;
+  vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
+  // Times: d/dT = d/d(rate) * d(rate)/dT.
+  const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
+                                      g.b1phase, g.b0, g.inv, g.D, g.v};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    if (out.tissue[j]) out.tissue[j][v] = value_of(per_param[j]);
+    if constexpr (Num<N>::P > 0) {
+      if (out.tissue_tan[j]) out.tissue_tan[j][v] = per_param[j].d[0];
+    }
+  }
+  if (!pb.tabulated) return;
+  const N* src = table_acc;
+  for (int i = 0; i < 5; ++i) {
+    for (int64_t j = 0; j < sizes[i]; ++j) {
+      if (out.table[i]) out.table[i][v * sizes[i] + j] = value_of(src[j]);
+      if constexpr (Num<N>::P > 0) {
+        if (out.table_tan[i]) out.table_tan[i][v * sizes[i] + j] = src[j].d[0];
+      }
+    }
+    src += sizes[i];
+  }
 }
 
 }  // namespace bs
