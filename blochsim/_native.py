@@ -16,7 +16,7 @@ from ._version import __version__
 __all__ = ["ABI_VERSION", "NUM_TISSUE", "TISSUE_PARAMS", "NativeLibraryError", "cpu_library", "check_status"]
 
 #: The ABI this Python package speaks (BS_ABI_VERSION in csrc/capi.h).
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 #: Tissue properties of the kernels, in the order of `enum bs_tissue_param`.
 TISSUE_PARAMS = (
@@ -112,6 +112,8 @@ class ForwardArgs(ctypes.Structure):
         ("tissue", Tissue),
         ("tables", Tables),
         ("signal", _p),
+        ("scratch", _p),
+        ("scratch_bytes", _i64),
     ]
 
 
@@ -127,6 +129,8 @@ class JvpArgs(ctypes.Structure):
         ("tables_tangent", Tables),
         ("signal", _p),
         ("signal_tangent", _p),
+        ("scratch", _p),
+        ("scratch_bytes", _i64),
     ]
 
 
@@ -141,6 +145,8 @@ class VjpArgs(ctypes.Structure):
         ("cotangent", _p),
         ("grads", Grads),
         ("table_grads", TableGrads),
+        ("scratch", _p),
+        ("scratch_bytes", _i64),
     ]
 
 
@@ -162,6 +168,8 @@ class VjpJvpArgs(ctypes.Structure):
         ("table_grads_tangent", TableGrads),
         ("signal", _p),
         ("signal_tangent", _p),
+        ("scratch", _p),
+        ("scratch_bytes", _i64),
     ]
 
 
@@ -209,6 +217,8 @@ def load_library(path: Path, *, expected_abi: int = ABI_VERSION, expected_versio
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int32
         fn.argtypes = [ctypes.POINTER(args)]
+    lib.bs_epg_scratch_bytes.restype = ctypes.c_int64
+    lib.bs_epg_scratch_bytes.argtypes = [ctypes.c_int32, ctypes.c_void_p]
     return lib
 
 
@@ -232,6 +242,61 @@ def cpu_library():
                 + "): install blochsim with pip, which compiles it, or set BLOCHSIM_CPU_LIBRARY to a build of it"
             )
     return _cpu
+
+
+_cuda = None
+
+
+def cuda_library():
+    """The CUDA kernel library for torch's CUDA major version (loaded and checked on first call).
+
+    `BLOCHSIM_CUDA_LIBRARY` points at a development build. Otherwise the package `blochsim_cuda12` or
+    `blochsim_cuda13` matching `torch.version.cuda` is imported; a missing package, one for another major, or
+    one from another release raises `CudaBuildMismatch` naming the extra to install.
+    """
+    global _cuda
+    if _cuda is not None:
+        return _cuda
+    env = os.environ.get("BLOCHSIM_CUDA_LIBRARY")
+    if env:
+        _cuda = load_library(Path(env))
+        return _cuda
+    import importlib
+
+    import torch
+
+    from ._errors import CUDA_PACKAGES, CudaBuildMismatch, _install_line
+
+    if torch.version.cuda is None:
+        raise RuntimeError(
+            f"this torch ({torch.__version__}) was built without CUDA; blochsim runs on the CPU until a CUDA "
+            f"build of torch and the matching blochsim CUDA package are installed: {_install_line()}"
+        )
+    major = int(torch.version.cuda.split(".")[0])
+    if major not in CUDA_PACKAGES:
+        raise CudaBuildMismatch(f"torch uses CUDA {torch.version.cuda}: blochsim has CUDA builds for majors "
+                                f"{sorted(CUDA_PACKAGES)} only. {_install_line()}")
+    module, extra, driver = CUDA_PACKAGES[major]
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        others = [m for k, (m, _, _) in CUDA_PACKAGES.items() if k != major and importlib.util.find_spec(m)]
+        found = f" (found {', '.join(others)}, built for another CUDA major)" if others else ""
+        raise CudaBuildMismatch(
+            f"torch uses CUDA {torch.version.cuda} (major {major}) and no {module} is installed{found}: "
+            f'pip install "blochsim[{extra}]=={__version__}" (NVIDIA driver {driver})'
+        ) from None
+    built = getattr(package, "__version__", "unknown")
+    if built != __version__:
+        raise CudaBuildMismatch(
+            f"{module} {built} is installed, but this is blochsim {__version__}: both must come from one "
+            f'release: pip install "blochsim[{extra}]=={__version__}" (NVIDIA driver {driver})'
+        )
+    try:
+        _cuda = load_library(Path(package.__file__).resolve().parent / "libblochsim_cuda.so")
+    except NativeLibraryError as exc:
+        raise CudaBuildMismatch(f"{exc}; reinstall: pip install \"blochsim[{extra}]=={__version__}\"") from exc
+    return _cuda
 
 
 def check_status(lib, status: int, entry: str) -> None:

@@ -9,6 +9,8 @@
  *   - Tissue values are in public units: T1/T2 in ms, B0 in Hz, B1 a fraction, B1phase in rad,
  *     D in um^2/ms, v in m/s. A null tissue pointer means the identity value (the physics is off).
  *   - `stream` is the CUDA stream (cudaStream_t) for the CUDA build; the host build ignores it.
+ *   - `scratch` is device memory of at least bs_epg_scratch_bytes(...) bytes for the CUDA build (Python
+ *     allocates it with torch); the host build needs none and ignores it.
  */
 #ifndef BLOCHSIM_CAPI_H
 #define BLOCHSIM_CAPI_H
@@ -26,7 +28,7 @@ extern "C" {
 #endif
 
 /* Bumped on every change of a struct below or of an entry point's meaning. */
-#define BS_ABI_VERSION 2
+#define BS_ABI_VERSION 3
 
 enum bs_dtype { BS_FLOAT32 = 0, BS_FLOAT64 = 1 };
 
@@ -145,6 +147,8 @@ typedef struct bs_epg_forward_args {
   bs_tissue tissue;
   bs_tables tables;
   void* signal;         /* [V, S] complex, written                    */
+  void* scratch;         /* device scratch (CUDA build), or null */
+  int64_t scratch_bytes;
 } bs_epg_forward_args;
 
 /* signal and its P directional derivatives (forward mode, P in 1..8) */
@@ -159,6 +163,8 @@ typedef struct bs_epg_jvp_args {
   bs_tables tables_tangent;
   void* signal;          /* [V, S] complex, written      */
   void* signal_tangent;  /* [P, V, S] complex, written   */
+  void* scratch;         /* device scratch (CUDA build), or null */
+  int64_t scratch_bytes;
 } bs_epg_jvp_args;
 
 /* grads = d<cotangent, signal>/d(inputs), the real part of the complex inner product (adjoint, checkpointed) */
@@ -172,6 +178,8 @@ typedef struct bs_epg_vjp_args {
   const void* cotangent; /* [V, S] complex, read */
   bs_grads grads;
   bs_table_grads table_grads;
+  void* scratch;         /* device scratch (CUDA build), or null */
+  int64_t scratch_bytes;
 } bs_epg_vjp_args;
 
 /* Second-order adjoint: the VJP differentiated along one tangent direction (P = 1), with a tangent on
@@ -194,6 +202,8 @@ typedef struct bs_epg_vjp_jvp_args {
   bs_table_grads table_grads_tangent;
   void* signal;                  /* [V, S] complex, written, or null */
   void* signal_tangent;          /* [V, S] complex, written, or null */
+  void* scratch;         /* device scratch (CUDA build), or null */
+  int64_t scratch_bytes;
 } bs_epg_vjp_jvp_args;
 
 BS_API int32_t bs_abi_version(void);
@@ -203,6 +213,9 @@ BS_API int32_t bs_epg_forward(const bs_epg_forward_args* args);
 BS_API int32_t bs_epg_jvp(const bs_epg_jvp_args* args);
 BS_API int32_t bs_epg_vjp(const bs_epg_vjp_args* args);
 BS_API int32_t bs_epg_vjp_jvp(const bs_epg_vjp_jvp_args* args);
+/* Scratch bytes a pass needs (pass: 0 forward, 1 JVP, 2 VJP, 3 VJP-JVP; args: that pass's struct).
+ * Returns -1 on invalid arguments (see bs_last_error). The host build returns 0. */
+BS_API int64_t bs_epg_scratch_bytes(int32_t pass, const void* args);
 
 #ifdef __cplusplus
 }

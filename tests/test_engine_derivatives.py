@@ -99,16 +99,16 @@ def values(case_name: str, path: str, *, with_phases: bool | None = None) -> dic
     return x
 
 
-def build(case_name: str, x: dict, *, repeat: int = 1):
-    """(description, tissue) of named values; `repeat` tiles the voxels (one copy per Jacobian column)."""
+def build(case_name: str, x: dict):
+    """(description, tissue) of named values (with the crusher geometry: diffusion, flow and washout act)."""
     kw = {name: x[name] for name in EVENT_INPUTS if name in x}
     description = CASES[case_name].build(geometry="crusher", **kw)
-    tissue = TissueProperties(**{k: v.repeat(repeat) for k, v in x.items() if k not in EVENT_INPUTS})
+    tissue = TissueProperties(**{k: v for k, v in x.items() if k not in EVENT_INPUTS})
     return description, tissue
 
 
-def run_oracle(case_name: str, x: dict, *, repeat: int = 1) -> torch.Tensor:
-    description, tissue = build(case_name, x, repeat=repeat)
+def run_oracle(case_name: str, x: dict) -> torch.Tensor:
+    description, tissue = build(case_name, x)
     return play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
 
 
@@ -215,32 +215,52 @@ def test_vjp_broadcast_shapes_and_shared_values(path, dtype):
         assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
 
 
+FEW_STATES_FIELDS = ("t1_ms", "t2_ms", "b1")
+
+
+def few_states_values() -> dict:
+    return {"flips": 0.3 + 0.05 * torch.arange(8, dtype=F64), "t1_ms": f64(T1_MS), "t2_ms": f64(T2_MS),
+            "b1": f64(SWITCH_VALUES["b1"])}
+
+
+@functools.cache
+def oracle_few_states(states: int):
+    """(cotangent, VJP w.r.t. flips, T1, T2, Jacobian along T1, T2, B1) of `off_axis` on the oracle."""
+    x = leaves(few_states_values())
+    props = TissueProperties(**{k: v for k, v in x.items() if k != "flips"})
+    signal = play(off_axis(x["flips"]), props, states=states, repetitions=2).signal
+    w = random_complex(signal.shape, seed=7)
+    vjp = grads(inner(w, signal), {k: x[k] for k in ("flips", "t1_ms", "t2_ms")})
+    # Jacobian columns in one forward pass over voxels tiled once per field (as in oracle_jacobian).
+    P, V = len(FEW_STATES_FIELDS), len(T1_MS)
+    with fwAD.dual_level():
+        tiled = {}
+        for p, name in enumerate(FEW_STATES_FIELDS):
+            tangent = torch.zeros(P, V, dtype=F64)
+            tangent[p] = 1.0
+            tiled[name] = fwAD.make_dual(x[name].detach().repeat(P), tangent.reshape(-1))
+        out = play(off_axis(), TissueProperties(**tiled), states=states, repetitions=2).signal
+        J = fwAD.unpack_dual(out).tangent.reshape(P, V, -1).transpose(0, 1)
+    return w, vjp, J
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("states", [1, 2])
 def test_vjp_and_jacobian_with_few_states(states, path, dtype):
     """One and two EPG orders (the edge cases of the shift and its adjoint), pulses off the x axis, a late first
-    event and 2 repetitions: VJP w.r.t. flips and T1, T2; Jacobian along T1, T2, B1."""
-    flips = (0.3 + 0.05 * torch.arange(8, dtype=F64)).requires_grad_()
-    t1, t2 = f64(T1_MS).requires_grad_(), f64(T2_MS).requires_grad_()
-    b1 = f64(SWITCH_VALUES["b1"])
-    props = TissueProperties(t1_ms=t1, t2_ms=t2, b1=b1)
-    ref = play(off_axis(flips), props, states=states, repetitions=2).signal
-    w = random_complex(ref.shape, seed=7)
-    expected = torch.autograd.grad(inner(w, ref), (flips, t1, t2))
-    signal = simulate(off_axis(flips), props, states=states, repetitions=2, dtype=dtype, path=path)
-    got = torch.autograd.grad(inner(w.to(signal.dtype), signal), (flips, t1, t2))
-    for name, a, b in zip(("flips", "t1_ms", "t2_ms"), got, expected, strict=True):
-        assert_close(a, b, FIRST[dtype], dtype, name)
-    fields = ("t1_ms", "t2_ms", "b1")
-    _, J = jacobian(off_axis(), TissueProperties(t1_ms=f64(T1_MS), t2_ms=f64(T2_MS), b1=b1), fields, states=states,
-                    repetitions=2, dtype=dtype, path=path)
-    for p, name in enumerate(fields):
-        tangents = {k: torch.zeros(3, dtype=F64) for k in fields}
-        tangents[name] = torch.ones(3, dtype=F64)
-        column = forward_ad(lambda d: play(off_axis(), TissueProperties(**d), states=states, repetitions=2).signal,
-                            {"t1_ms": f64(T1_MS), "t2_ms": f64(T2_MS), "b1": b1}, tangents)
-        assert_close(J[:, p], column, FIRST[dtype], dtype, name)
+    event and 2 repetitions: VJP w.r.t. flips, T1 and T2; Jacobian along T1, T2 and B1."""
+    w, expected, expected_J = oracle_few_states(states)
+    x = leaves(few_states_values())
+    props = TissueProperties(**{k: v for k, v in x.items() if k != "flips"})
+    signal = simulate(off_axis(x["flips"]), props, states=states, repetitions=2, dtype=dtype, path=path)
+    got = grads(inner(w.to(signal.dtype), signal), {k: x[k] for k in expected})
+    for name in expected:
+        assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
+    plain = TissueProperties(**{k: v.detach() for k, v in x.items() if k != "flips"})
+    _, J = jacobian(off_axis(), plain, FEW_STATES_FIELDS, states=states, repetitions=2, dtype=dtype, path=path)
+    for p, name in enumerate(FEW_STATES_FIELDS):
+        assert_close(J[:, p], expected_J[:, p], FIRST[dtype], dtype, name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def test_single_voxel_of_scalars(dtype):
     assert rel_max_err(signal, expected) < TOL[dtype]
 
 
-def test_tissue_values_unchanged_by_their_voxel():
+def test_voxel_signal_independent_of_other_voxels():
     """Each voxel is simulated alone: the signal of a voxel does not depend on the other voxels or their count."""
     description = CASES["mrf_quadratic"].build()
     full = simulate(description, tissue(("b1", "b0_hz")), states=STATES, dtype=torch.float64)

@@ -44,6 +44,7 @@ class Static:
     interval: torch.Tensor | None = None  # [E] int32 table rows (tabulated layouts)
     wrap_interval: int = 0
     num_intervals: int = 0
+    device: torch.device = torch.device("cpu")
 
     @property
     def num_events(self) -> int:
@@ -154,12 +155,12 @@ def _grads(st: Static, inputs, wanted, width: int = 0):
         if not w or x is None:
             out.append(None)
         elif i < NUM_EVENT_INPUTS:
-            out.append(torch.zeros(lead + (1 if i == 1 else E,), dtype=st.dtype))
+            out.append(torch.zeros(lead + (1 if i == 1 else E,), dtype=st.dtype, device=st.device))
         elif i < TABLE_START:
-            out.append(torch.zeros(lead + (V,), dtype=st.dtype))
+            out.append(torch.zeros(lead + (V,), dtype=st.dtype, device=st.device))
         else:  # a table: per voxel, real view
             shape = _real_view(x).shape[1:]
-            out.append(torch.zeros(lead + (V,) + tuple(shape), dtype=st.dtype))
+            out.append(torch.zeros(lead + (V,) + tuple(shape), dtype=st.dtype, device=st.device))
     g = nat.Grads(*(_ptr(x) for x in out[:NUM_EVENT_INPUTS]))
     for j, x in enumerate(out[NUM_EVENT_INPUTS:TABLE_START]):
         g.tissue[j] = _ptr(x)
@@ -180,7 +181,24 @@ def _fold(inputs, grads):
     return folded
 
 
-def _call(entry: str, args) -> None:
+_PASSES = {"bs_epg_forward": 0, "bs_epg_jvp": 1, "bs_epg_vjp": 2, "bs_epg_vjp_jvp": 3}
+
+
+def _call(st: Static, entry: str, args) -> None:
+    """Run an entry point on the library of the data's device: CUDA tensors go to the CUDA build, on
+    torch's current stream, with scratch allocated by torch; nothing comes back to the host."""
+    if st.device.type == "cuda":
+        lib = nat.cuda_library()
+        args.stream = torch.cuda.current_stream(st.device).cuda_stream
+        pass_index = _PASSES[entry]
+        need = lib.bs_epg_scratch_bytes(pass_index, ctypes.byref(args))
+        if need < 0:
+            nat.check_status(lib, 1, entry)
+        scratch = torch.empty(max(int(need), 1), dtype=torch.uint8, device=st.device)
+        args.scratch, args.scratch_bytes = scratch.data_ptr(), int(need)
+        status = getattr(lib, entry)(ctypes.byref(args))
+        nat.check_status(lib, status, entry)
+        return
     lib = nat.cpu_library()
     status = getattr(lib, entry)(ctypes.byref(args))
     nat.check_status(lib, status, entry)
@@ -189,10 +207,10 @@ def _call(entry: str, args) -> None:
 def forward(st: Static, inputs) -> torch.Tensor:
     """signal [V, S], complex."""
     keep = []
-    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
+    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
     args = nat.ForwardArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
                            _tables(inputs[TABLE_START:], keep), _ptr(signal))
-    _call("bs_epg_forward", args)
+    _call(st, "bs_epg_forward", args)
     return signal
 
 
@@ -209,13 +227,13 @@ def jvp(st: Static, inputs, tangents) -> tuple[torch.Tensor, torch.Tensor]:
             t = torch.cat([t, t.new_zeros((width - t.shape[0],) + t.shape[1:])])
         padded.append(None if t is None else t.contiguous())
     keep = []
-    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
-    signal_tangent = torch.empty((width, st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
+    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
+    signal_tangent = torch.empty((width, st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
     tangent_struct, tables_tangent = _tangents(st, padded, width, keep)
     args = nat.JvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
                        _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(signal),
                        _ptr(signal_tangent))
-    _call("bs_epg_jvp", args)
+    _call(st, "bs_epg_jvp", args)
     return signal, signal_tangent[:P]
 
 
@@ -226,7 +244,7 @@ def vjp(st: Static, inputs, cotangent: torch.Tensor, wanted) -> list:
     grads, table_grads, out = _grads(st, inputs, wanted)
     args = nat.VjpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
                        _tables(inputs[TABLE_START:], keep), _ptr(cotangent), grads, table_grads)
-    _call("bs_epg_vjp", args)
+    _call(st, "bs_epg_vjp", args)
     return _fold(inputs, out)
 
 
@@ -242,12 +260,12 @@ def vjp_jvp(st: Static, inputs, tangents, cotangent, cotangent_tangent, wanted):
     tangents = [None if t is None else t.contiguous() for t in tangents]
     grads, table_grads, out = _grads(st, inputs, wanted)
     grads_t, table_grads_t, out_t = _grads(st, inputs, wanted)
-    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
-    signal_t = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype))
+    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
+    signal_t = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
     tangent_struct, tables_tangent = _tangents(st, tangents, 1, keep)
     args = nat.VjpJvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
                           _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(cotangent),
                           _ptr(cotangent_tangent), grads, grads_t, table_grads, table_grads_t, _ptr(signal),
                           _ptr(signal_t))
-    _call("bs_epg_vjp_jvp", args)
+    _call(st, "bs_epg_vjp_jvp", args)
     return _fold(inputs, out), _fold(inputs, out_t), signal_t

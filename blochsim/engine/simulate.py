@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -22,9 +23,12 @@ _PATHS = ("auto", "real", "complex")
 def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int = 4, lineshape="super-lorentzian",
          active=()):
     """The kernel call of a program and a tissue: (Static, inputs, voxel_shape)."""
-    packed = pack_tissue(tissue, dtype=dtype, active=active)
+    device = _device_of(tissue)
+    packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)
     model = pool_model(tissue)
-    values = tuple(v.to(dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad))
+    # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
+    phase = torch.remainder(program.phase_rad, 2 * math.pi)
+    values = tuple(v.to(device=device, dtype=dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, phase))
     extra = {}
     tables = (None,) * len(nat.TABLES)
     if model.pooled:
@@ -34,12 +38,13 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
         L, r, T, zeq, sat = pool_tables(tissue, model, packed.voxel_shape, lengths, program.sat_per_rad2,
                                         program.rf_hz, lineshape)
         complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
-        tables = (L.to(dtype), r.to(dtype), T.to(complex_dtype), zeq.to(dtype), None if sat is None else sat.to(dtype))
+        tables = tuple(None if t is None else t.to(device=device, dtype=complex_dtype if t.is_complex() else dtype)
+                       for t in (L, r, T, zeq, sat))
         extra = dict(num_transverse_pools=model.num_transverse, num_longitudinal_pools=model.num_longitudinal,
-                     interval=rows, wrap_interval=wrap, num_intervals=int(lengths.numel()))
+                     interval=rows.to(device), wrap_interval=wrap, num_intervals=int(lengths.numel()))
     static = K.Static(
-        action=torch.from_numpy(program.action),
-        record=torch.from_numpy(program.record),
+        action=torch.from_numpy(program.action).to(device),
+        record=torch.from_numpy(program.record).to(device),
         num_repetitions=program.num_repetitions,
         num_samples=program.num_samples,
         num_states=program.num_states,
@@ -49,9 +54,18 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
         checkpoint_stride=checkpoint_stride,
         num_voxels=packed.num_voxels,
         dtype=dtype,
+        device=device,
         **extra,
     )
     return static, values + packed.values + tables, packed.voxel_shape
+
+
+def _device_of(tissue) -> torch.device:
+    """Work runs where the tissue tensors are (the first tensor field decides; CPU if none)."""
+    for _, value in tissue.items():
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
 
 
 def prepare(description, tissue, *, states, repetitions, record, dtype, path, checkpoint_stride, lineshape,

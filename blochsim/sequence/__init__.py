@@ -72,4 +72,20 @@ __all__ = [
     "mprage_description",
     "spgr_description",
     "TissueProperties",
+    # the engine (6.4)
+    "EpgEngine",
+    "SimulationResult",
+    "PackedDescription",
+    "pack_description",
 ]
+
+_ENGINE_NAMES = ("EpgEngine", "SimulationResult", "PackedDescription", "pack_description")
+
+
+def __getattr__(name: str):
+    # The engine names load on first use: the engine itself imports this package's modules.
+    if name in _ENGINE_NAMES:
+        from . import engine_api
+
+        return getattr(engine_api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

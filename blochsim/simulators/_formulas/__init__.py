@@ -12,13 +12,17 @@ Times in ms (`TR`, `TE`, `TI`, `T1`, `T2`, `T2star`, `ATT`, `tau`, ...), flips a
 
 Arguments
 ---------
-Protocol arguments are positional, in the order of the class protocol; tissue properties and options are
-keyword-only. Every numeric argument may be a Python number, a list, a NumPy array or a torch tensor.
+The protocol arguments are positional, in the order of the class protocol (optional ones that sit among
+them, such as `bssfp`'s `TE`, `inversion_recovery`'s `TR`, `spin_echo`'s `TI` and `diffusion`'s
+`directions`, included); tissue properties and the remaining options (`phase_inc`, `labelling`,
+`short_TR`, `fat_spectrum`, ...) are keyword-only. Every numeric argument may be a Python number, a list,
+a NumPy array or a torch tensor.
 
 Dtypes (API.md 1.5)
 -------------------
-A function computes in the promoted real dtype of its floating inputs: float32 by default (Python numbers
-count as float32), float64 when any input is float64 (or complex128). The result is complex (complex64
+A function computes in the promoted real dtype of its floating tensor and array inputs: float64 when any is
+float64 (or complex128), else float32. Python numbers and lists are weak, as in torch: they take that
+dtype, and when nothing else is given they give torch's default dtype (float32). The result is complex (complex64
 or complex128) for `spgr`, `bssfp`, `multigradientecho` and `irmultigradientecho`, which also accept a
 complex `M0`; it is real for every other function, and a complex input there is a TypeError. The device
 is that of the first tensor argument.

@@ -15,6 +15,8 @@ most Look-Locker fits), which differs from the exact value at order TR/T1. Needs
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ._common import as_tensors, check_times, rate
@@ -103,7 +105,7 @@ def molli(flip, TR, readouts, recovery, *, T1, M0=1.0, B1=1.0, inv_efficiency=1.
 
 
 def _block_sizes(readouts) -> tuple[int, ...]:
-    values = (readouts,) if isinstance(readouts, int) else tuple(readouts)
+    values = (readouts,) if isinstance(readouts, numbers.Integral) else tuple(readouts)
     if not values or any(isinstance(n, bool) or int(n) != n or int(n) < 1 for n in values):
         raise ValueError(f"readouts must be positive integers, one per Look-Locker block; got {readouts!r}")
     return tuple(int(n) for n in values)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ._common import as_tensors, check_ordered, check_times, rate
@@ -12,7 +14,7 @@ __all__ = ["mp2rage", "split_shots"]
 def split_shots(nshots) -> tuple[int, int]:
     """(before, after) from a total (split evenly, the odd shot after: 176 -> (88, 88), 5 -> (2, 3)) or a
     pair. The sampled shot is the first of `after`, so `after` >= 1."""
-    values = (nshots,) if isinstance(nshots, int) else tuple(nshots)
+    values = (nshots,) if isinstance(nshots, numbers.Integral) else tuple(nshots)
     ok = len(values) in (1, 2) and all(not isinstance(n, bool) and int(n) == n for n in values)
     if ok and len(values) == 1:
         values = (int(values[0]) // 2, int(values[0]) - int(values[0]) // 2)

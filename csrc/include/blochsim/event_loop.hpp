@@ -34,7 +34,7 @@ struct SampleIO {
   }
   BS_HD Cx<N> get(int64_t s) const {
     const int64_t i = base + s;
-    Cx<N> x(N(cot[2 * i]), N(cot[2 * i + 1]));
+    Cx<N> x{N(cot[2 * i]), N(cot[2 * i + 1])};
     if constexpr (Num<N>::P > 0) {
       if (cot_tan) {
         x.re.d[0] = cot_tan[2 * i];

@@ -1,0 +1,111 @@
+"""Array libraries at the public edge (API.md 1.3): NumPy, CuPy or torch in, the same library out.
+
+Inputs are imported as torch tensors through DLPack or `torch.from_numpy` (no copy where the dtype
+allows). Results go back to the library of the first array-valued argument of the call, in keyword
+order; if the call has none, to that of the first array among the fixed (constructor, then `bind`)
+values; otherwise they stay torch. Lists, tuples and Python numbers are not array-valued.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+__all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number"]
+
+
+def library_of(value) -> str | None:
+    """'torch', 'numpy' or 'cupy' for an array of that library, else None."""
+    if isinstance(value, torch.Tensor):
+        return "torch"
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    module = type(value).__module__
+    if module.startswith("cupy") and hasattr(value, "__dlpack__"):
+        return "cupy"
+    return None
+
+
+def is_array(value) -> bool:
+    return library_of(value) is not None
+
+
+def first_library(*mappings) -> str | None:
+    """The library of the first array-valued entry over `mappings` in order (insertion order each)."""
+    for mapping in mappings:
+        for value in mapping.values():
+            lib = library_of(value)
+            if lib is not None:
+                return lib
+    return None
+
+
+def to_tensor(value, *, dtype: torch.dtype | None = None, name: str = "value") -> torch.Tensor:
+    """`value` (number, list, tuple, NumPy, CuPy or torch array) as a torch tensor.
+
+    `dtype` None keeps a float or complex dtype and makes anything else float32 (bool and integer arrays
+    included). A torch tensor keeps its autograd graph.
+    """
+    lib = library_of(value)
+    if lib == "torch":
+        t = value
+    elif lib == "numpy":
+        t = torch.from_numpy(value) if value.dtype.kind in "fciub" and value.dtype.isnative else torch.as_tensor(
+            np.asarray(value, dtype=np.float64))
+    elif lib == "cupy":
+        t = torch.from_dlpack(value)
+    else:
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            parts = [to_tensor(v, name=name) for v in value]
+            common = parts[0].dtype
+            for p in parts[1:]:
+                common = torch.promote_types(common, p.dtype)
+            t = torch.stack([p.to(common) for p in parts])
+        else:
+            try:
+                t = torch.as_tensor(np.asarray(value))
+            except (TypeError, ValueError):
+                raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}") from None
+            if t.dtype == torch.float64 and not _has_array(value):
+                t = t.to(torch.float32)  # Python numbers count as float32 (API.md 1.5)
+    if dtype is not None:
+        return t if t.dtype == dtype else t.to(dtype)
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.to(torch.float32)
+    return t
+
+
+def _has_array(value) -> bool:
+    """Whether a nested list holds a NumPy array or NumPy float64 scalar (which keeps float64)."""
+    if isinstance(value, (np.ndarray, np.floating)):
+        return value.dtype == np.float64
+    if isinstance(value, (list, tuple)):
+        return any(_has_array(v) for v in value)
+    return False
+
+
+def to_library(result, library: str | None):
+    """A torch result (tensor, or tuple of tensors) in `library` (None or 'torch': unchanged)."""
+    if isinstance(result, tuple):
+        return tuple(to_library(r, library) for r in result)
+    if library in (None, "torch") or not isinstance(result, torch.Tensor):
+        return result
+    if library == "numpy":
+        return result.detach().resolve_conj().cpu().numpy()
+    import cupy  # a CuPy input means CuPy is installed
+
+    return cupy.from_dlpack(result.detach().resolve_conj())
+
+
+def as_number(value):
+    """A Python number for a Python or NumPy scalar (or 0-d NumPy/CuPy array), else `value` unchanged."""
+    if isinstance(value, (bool, int, float, complex)):
+        return value
+    if isinstance(value, numbers.Number):  # NumPy scalars
+        return value.item()
+    lib = library_of(value)
+    if lib in ("numpy", "cupy") and value.ndim == 0:
+        return value.item()
+    return value

@@ -1,0 +1,573 @@
+"""Rebinding values to a compiled structure: the fast path of calls that change only values (API.md 3.4).
+
+A compiled `Program` is a structure (action bits, sample slots, path, orders) plus four value arrays
+(interval lengths, wrap interval, flips, phases). A simulator's layout is a function of its protocol
+tensors; the event structure depends only on structural arguments, and the values are, for every
+shipped layout, affine in the protocol (flips enter through `deg2rad`, durations through sums and
+differences of timestamps). `AffineValues` records that map once, `values = A p + b` with a sparse `A`
+found by reverse-mode autograd, and later calls evaluate it with three torch ops instead of walking the
+layout and compiling again; gradients still reach the protocol tensors through `p`.
+
+`pack_fields` packs free-water tissue (pool model 0) with at most one host sync, and `run` calls the
+kernels' autograd Functions directly; tissue with pools or T2prime goes through the engine's own
+`engine.simulate.bind`. `unroll` lays n playings of a program end to end, each recorded, for the
+steady-state extrapolation of `blochsim.engine.steady`.
+"""
+
+from __future__ import annotations
+
+import cmath
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from .. import _native as nat
+from ..sequence.events import AdcRole, EventType, RfUse
+from ..sequence.tissue import IDENTITY, TissueProperties
+from . import kernels as K
+from .functions import EpgJacobian, EpgSimulate
+from .program import Program
+from .simulate import bind as engine_bind
+from .tissue import broadcast_shapes
+
+__all__ = ["AffineValues", "Packed", "pack_fields", "run", "unroll", "batched_vjp", "values_of", "compile_fast",
+           "windings"]
+
+#: Dense Jacobian blocks are extracted in row chunks of at most this many entries.
+_CHUNK_ENTRIES = 1 << 22
+_KERNEL_FIELDS = frozenset(nat.TISSUE_PARAMS)
+_TIME_FIELDS = ("t1_ms", "t2_ms")
+_PHASE_FIELDS = ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
+_POOL_SHIFTS = tuple(f"pool_{x}_shift_hz" for x in "bcde")
+
+
+# -- compile ----------------------------------------------------------------------------------------
+_WINDING = nat.CRUSH_BEFORE | nat.CRUSH_AFTER | nat.SHIFT_AFTER
+_RF, _ADC = EventType.RF, EventType.ADC
+
+
+def _f64(value) -> torch.Tensor:
+    return value if value.dtype == torch.float64 and value.dim() == 0 else value.to(torch.float64).reshape(())
+
+
+def _vector(items: list) -> torch.Tensor:
+    """Numbers and 0-d tensors as one float64 vector, keeping autograd links (one stack, not one op each)."""
+    where = [i for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
+    if not where:
+        return torch.tensor(items, dtype=torch.float64)
+    if len(where) == len(items):
+        return torch.stack([_f64(v) for v in items])
+    base = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in items], dtype=torch.float64)
+    return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
+
+
+def compile_fast(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
+                 complex_states: bool = False) -> Program:
+    """`engine.compile_program`, the same `Program` field for field, in a fraction of its time.
+
+    The semantics are those of `compile_program` (the reference for this function, and the one a test
+    compares it with on every kind of event): this only replaces per-event tensor work by one vector
+    op per array and reads each RF definition once.
+    """
+    if record not in ("all", "acquired", "echo"):
+        raise ValueError(f"record must be one of ('all', 'acquired', 'echo'), got {record!r}")
+    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
+        raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
+    if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
+        raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
+    raster = description.rf_raster_time_s
+    constants = {}  # definition id -> (2 pi |I|, arg I, S)
+    times, actions, records, amplitudes, scales, phases, extras, sats, freqs, samples = ([] for _ in range(10))
+    phase_grad = False
+    keep_all, keep_echo = record == "all", record == "echo"
+    for index, event in enumerate(description.events):
+        kind, raw = event.type, int(event.action)
+        bits = raw & (_WINDING | nat.SPOIL_AFTER)
+        slot, amplitude, scale, phase, extra, sat, freq = -1, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0
+        if kind is _RF:
+            params = event.params
+            if params[1] is RfUse.INVERSION:
+                bits |= nat.INVERSION
+            else:
+                bits |= nat.ROTATE
+                if params[0] not in constants:
+                    definition = description.rf_definitions[params[0]]
+                    area = definition.integral(rf_raster_time_s=raster)
+                    constants[params[0]] = (2 * math.pi * abs(area), cmath.phase(area),
+                                            float(definition.saturation(rf_raster_time_s=raster)))
+                scale, extra, sat = constants[params[0]]
+                amplitude, phase, freq = params[2], params[3], params[4]
+                phase_grad = phase_grad or isinstance(phase, torch.Tensor) and phase.requires_grad
+        elif kind is _ADC:
+            params = event.params
+            phase = params[1]
+            if keep_all or (params[2] if keep_echo else params[0] != AdcRole.NON_ACQUIRED):
+                slot = len(samples)
+                samples.append(index)
+                bits |= nat.RECORD
+        elif bits == 0:
+            continue  # a WAIT without action only marks time
+        times.append(event.timestamp_us)
+        actions.append(bits)
+        records.append(slot)
+        amplitudes.append(amplitude)
+        scales.append(scale)
+        phases.append(phase)
+        extras.append(extra)
+        sats.append(sat)
+        freqs.append(freq)
+    if not actions:  # nothing happens: keep one inert event so the program is well formed
+        times, actions, records, amplitudes, scales, phases, extras, sats, freqs = (
+            [0.0], [0], [-1], [0.0], [1.0], [0.0], [0.0], [0.0], [0.0])
+
+    t_us = _vector(times)
+    dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
+    tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
+    dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
+    action = np.asarray(actions, dtype=np.int32)
+    if states is None:  # API.md 2.1, as engine.default_states counts it
+        states = max(8, min(64, 1 + repetitions * _count_windings(action)))
+    nonzero = (dt_s.detach() != 0).numpy()
+    nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
+    action[nonzero | dt_s.requires_grad] |= nat.INTERVAL
+
+    flip_rad = _vector(amplitudes) * torch.tensor(scales, dtype=torch.float64)
+    phase_rad = _vector(phases)
+    if any(extras):
+        phase_rad = phase_rad + torch.tensor(extras, dtype=torch.float64)
+    rotating = (action & nat.ROTATE) != 0
+    path, axis = nat.PATH_COMPLEX, 0.0
+    if not complex_states and not phase_grad:
+        turning = phase_rad.detach().numpy()[rotating]
+        axis = float(turning[0]) if turning.size else 0.0
+        turns = (turning - axis) / math.pi
+        halves = np.round(turns)
+        if not np.any(np.abs(turns - halves) > 1e-9):
+            path = nat.PATH_REAL
+            sign = np.ones(len(actions))
+            sign[rotating] = np.where(halves % 2 != 0, -1.0, 1.0)
+            flip_rad = flip_rad * torch.from_numpy(sign)
+            phase_rad = torch.where(torch.from_numpy((action & nat.RECORD) != 0), phase_rad - axis, phase_rad)
+        else:
+            axis = 0.0
+
+    geometry_dk = 0.0
+    voxel = 0.0 if description.voxel_size_m is None else float(description.voxel_size_m)
+    if description.crusher_dephasing_rad and description.voxel_size_m is not None:
+        geometry_dk = float(description.crusher_dephasing_rad) / voxel
+    return Program(
+        action=action,
+        record=np.asarray(records, dtype=np.int32),
+        dt_s=dt_s,
+        dt_wrap_s=dt_wrap_s,
+        flip_rad=flip_rad,
+        phase_rad=phase_rad,
+        num_repetitions=repetitions,
+        num_samples=len(samples),
+        num_states=states,
+        path=path,
+        crusher_dk_rad_per_m=geometry_dk,
+        voxel_size_m=voxel,
+        sample_events=samples,
+        sat_per_rad2=np.asarray(sats, dtype=np.float64),
+        rf_hz=np.asarray([_frequency(f) for f in freqs], dtype=np.float64),
+        axis_phase_rad=axis,
+    )
+
+
+def _frequency(x) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise NotImplementedError("RF frequency offsets with a train axis are not supported by the engine yet")
+        return float(x.detach())
+    return float(x)
+
+
+def windings(program) -> int:
+    """Shifts per repetition of a compiled program (as `engine.shifts_per_repetition` counts them)."""
+    return _count_windings(program.action)
+
+
+def _count_windings(a: np.ndarray) -> int:
+    shift_after = ((a & nat.SHIFT_AFTER) != 0) & ((a & nat.SPOIL_AFTER) == 0)
+    return int(((a & nat.CRUSH_BEFORE) != 0).sum() + ((a & nat.CRUSH_AFTER) != 0).sum() + shift_after.sum())
+
+
+def values_of(program) -> tuple:
+    """The four value arrays of a program, float64: (dt_s [E], dt_wrap_s [1], flip_rad [E], phase_rad [E])."""
+    return program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad
+
+
+# -- affine value maps ------------------------------------------------------------------------------
+def batched_vjp(output: torch.Tensor, leaves: list, cotangents: torch.Tensor) -> tuple:
+    """Vector-Jacobian products of `output` for a batch of cotangents [B, *output.shape], per leaf [B, ...].
+
+    Uses the engine-level batched backward directly: the public `torch.autograd.grad(..., grad_outputs=...)`
+    imports sympy on its first call (about 0.4 s).
+    """
+    try:
+        from torch import _vmap_internals
+        from torch.autograd.graph import _engine_run_backward
+    except ImportError:  # pragma: no cover - older torch
+        return torch.autograd.grad(output, leaves, cotangents, retain_graph=True, allow_unused=True,
+                                   is_grads_batched=True)
+
+    def vjp(u):
+        return _engine_run_backward((output,), (u,), True, False, tuple(leaves), True, accumulate_grad=False)
+
+    return _vmap_internals._vmap(vjp, 0, 0, allow_none_pass_through=True)(cotangents)
+
+
+def _sparse_jacobian(block: torch.Tensor, leaves: list, max_entries: int):
+    """(rows, cols, coef) of the Jacobian of `block` [R] with respect to the flattened `leaves` [P].
+
+    Most rows of a layout depend on one protocol entry (a flip, a TR) or none. Three Jacobian-vector
+    products, along ones, along the entry labels 1..P and along a random direction, find each such row's
+    column (labels / ones) and coefficient (ones) and check them (random). The rows that fail the check
+    depend on several entries; their rows of the Jacobian are extracted exactly, by batched reverse mode.
+    Forward products come from the double-backward trick: J v = d/du <J^T u, v>.
+    """
+    R = block.numel()
+    P = sum(x.numel() for x in leaves)
+    u = torch.zeros(R, dtype=block.dtype, requires_grad=True)
+    with torch.enable_grad():
+        vjps = torch.autograd.grad((block * u).sum(), leaves, create_graph=True, allow_unused=True)
+    pairs = [(g.reshape(-1), x) for g, x in zip(vjps, leaves, strict=True) if g is not None and g.requires_grad]
+    if not pairs:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=block.dtype)
+
+    def jvp(v: torch.Tensor) -> torch.Tensor:
+        parts, start = [], 0
+        offsets = {}
+        for x in leaves:
+            offsets[id(x)] = start
+            start += x.numel()
+        for g, x in pairs:
+            parts.append((g * v[offsets[id(x)]:offsets[id(x)] + x.numel()]).sum())
+        (out,) = torch.autograd.grad(torch.stack(parts).sum(), u, retain_graph=True, allow_unused=True)
+        return torch.zeros(R, dtype=block.dtype) if out is None else out.detach()
+
+    generator = torch.Generator().manual_seed(0)
+    ones = jvp(torch.ones(P, dtype=torch.float64))
+    labels = jvp(torch.arange(1, P + 1, dtype=torch.float64))
+    w = torch.rand(P, dtype=torch.float64, generator=generator) + 0.5
+    probe = jvp(w)
+    dependent = (ones != 0) | (labels != 0) | (probe != 0)
+    column = labels / torch.where(ones != 0, ones, torch.ones_like(ones))
+    whole = torch.round(column)
+    single = (ones != 0) & ((column - whole).abs() <= 1e-6) & (whole >= 1) & (whole <= P)
+    col = (whole.clamp(1, P) - 1).long()
+    single &= (ones * w[col] - probe).abs() <= 1e-9 * (probe.abs() + (ones * w[col]).abs()) + 1e-300
+    rows = single.nonzero().reshape(-1)
+    out_rows, out_cols, out_coef = [rows], [col[rows]], [ones[rows]]
+    several = (dependent & ~single).nonzero().reshape(-1)
+    if several.numel():
+        if several.numel() * P > max_entries:
+            return None
+        chunk = max(1, min(several.numel(), _CHUNK_ENTRIES // max(P, R)))
+        for first in range(0, several.numel(), chunk):
+            which = several[first:first + chunk]
+            seed = torch.zeros((which.numel(), R), dtype=block.dtype)
+            seed[torch.arange(which.numel()), which] = 1.0
+            grads = batched_vjp(block, leaves, seed)
+            dense = torch.cat([torch.zeros((which.numel(), x.numel()), dtype=block.dtype) if g is None
+                               else g.reshape(which.numel(), -1) for g, x in zip(grads, leaves, strict=True)], 1)
+            r, c = dense.nonzero(as_tuple=True)
+            out_rows.append(which[r])
+            out_cols.append(c)
+            out_coef.append(dense[r, c])
+    return torch.cat(out_rows), torch.cat(out_cols), torch.cat(out_coef)
+
+
+class AffineValues:
+    """Program values as an affine function of the flattened protocol `p` (float64): `A p + b`.
+
+    `A` is kept sparse as (rows, cols, coef) into the concatenation of the value blocks; `sizes` are the
+    block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`.
+    """
+
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes")
+
+    def __init__(self, rows, cols, coef, offset, sizes):
+        self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
+
+    @classmethod
+    def fit(cls, blocks: tuple, leaves: list, p: torch.Tensor, *, max_entries: int = 1 << 26):
+        """The map whose Jacobian is that of `blocks` with respect to `leaves` at `p`, through `blocks` at `p`.
+
+        `leaves` are the float64 leaf tensors `p` was flattened from. Returns None when the rows that
+        depend on several protocol entries are too many to extract (rows x entries above `max_entries`).
+        """
+        flat = [b.reshape(-1) for b in blocks]
+        sizes = [b.numel() for b in flat]
+        rows, cols, coefs = [], [], []
+        start = 0
+        for block in flat:
+            if block.requires_grad and leaves:
+                found = _sparse_jacobian(block, leaves, max_entries)
+                if found is None:
+                    return None
+                rows.append(found[0] + start)
+                cols.append(found[1])
+                coefs.append(found[2])
+            start += block.numel()
+        index = torch.zeros(0, dtype=torch.long)
+        rows = torch.cat(rows) if rows else index
+        cols = torch.cat(cols) if cols else index
+        coef = torch.cat(coefs) if coefs else torch.zeros(0, dtype=torch.float64)
+        values = torch.cat([b.detach() for b in flat])
+        affine = cls(rows, cols, coef, values, sizes)
+        affine.offset = values - affine._linear(p.detach())
+        return affine
+
+    def _linear(self, p: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(sum(self.sizes), dtype=torch.float64, device=p.device)
+        if self.rows.numel() == 0:
+            return out
+        return out.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
+
+    def __call__(self, p: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple:
+        """The value blocks at `p`, computed in float64 and narrowed to `dtype` once."""
+        flat = self.offset
+        if self.rows.numel():
+            flat = flat.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
+        return (flat if dtype == torch.float64 else flat.to(dtype)).split(self.sizes)
+
+    def matches(self, p: torch.Tensor, blocks: tuple) -> bool:
+        """Whether `A p + b` reproduces `blocks` (values walked at `p`) to float32 rounding.
+
+        The kernels run in float32, so a prediction within a few float32 ulps of the walked values is
+        exact for them; the absolute term covers values that cancel to zero.
+        """
+        actual = torch.cat([b.detach().reshape(-1) for b in blocks])
+        if actual.numel() != self.offset.numel():
+            return False
+        predicted = torch.cat(self(p.detach()))
+        scale = float(actual.abs().max()) if actual.numel() else 0.0
+        return bool(((predicted - actual).abs() <= 1e-6 * actual.abs() + 1e-9 * scale + 1e-15).all())
+
+
+# -- tissue -----------------------------------------------------------------------------------------
+@dataclass
+class Packed:
+    voxel_shape: tuple
+    num_voxels: int
+    values: tuple  # nat.NUM_TISSUE entries: [V] or [1] tensors, or None (identity: physics off)
+    phase_physics: bool  # B0, B1phase or v: the complex path is needed
+
+
+def _tensor_identity_differs(value: torch.Tensor, identity: float) -> torch.Tensor:
+    return (value.detach() != identity).any()
+
+
+def _bad_times(name: str, value: torch.Tensor) -> ValueError:
+    t = value.detach()
+    bad = torch.isnan(t) | (t < 0)
+    count = int(bad.sum())
+    index = tuple(int(i) for i in bad.reshape(t.shape).nonzero()[0]) if t.dim() else ()
+    first = t.reshape(-1)[bad.reshape(-1)][0].item()
+    return ValueError(f"{name} must be >= 0 ms and not NaN (0 gives no signal, inf no relaxation); {count} "
+                      f"voxel(s) are bad, the first at index {index}: {first}")
+
+
+def broadcast_error(shapes: dict) -> ValueError:
+    """ValueError naming every property with its shape and the first pair that does not broadcast."""
+    names = list(shapes)
+    pair = None
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            try:
+                broadcast_shapes(shapes[a], shapes[b])
+            except ValueError:
+                pair = (a, b)
+                break
+        if pair:
+            break
+    given = ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
+    conflict = f"; {pair[0]} {tuple(shapes[pair[0]])} and {pair[1]} {tuple(shapes[pair[1]])} conflict" if pair else ""
+    return ValueError(f"tissue properties must broadcast against each other (NumPy rules): {given}{conflict}")
+
+
+def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), names=None) -> Packed | None:
+    """Pack free-water tissue `{engine field: number or tensor}` for the kernels, or None if it has pools.
+
+    Only the fields given are read; `t1_ms` and `t2_ms` must be among them. Fields named in `active` are
+    sent even at their identity value. NaN or negative relaxation times raise ValueError naming the
+    property (`names` maps fields to public names for the messages). One host sync at most.
+    """
+    names = names or {}
+    shapes, checks, kinds = {}, [], []
+    for field, value in fields.items():
+        if field not in _KERNEL_FIELDS:
+            identity = IDENTITY[field]
+            if isinstance(value, torch.Tensor):
+                if value.requires_grad or bool(_tensor_identity_differs(value, identity)):
+                    return None
+            elif float(value) != identity:
+                return None
+            continue
+        if isinstance(value, torch.Tensor):
+            shapes[names.get(field, field)] = value.shape
+            if field in _TIME_FIELDS:
+                checks.append((value.detach() >= 0).all())  # False for a negative or NaN time
+                kinds.append(field)
+            elif field not in active and not value.requires_grad:
+                checks.append(_tensor_identity_differs(value, IDENTITY[field]))
+                kinds.append(field)
+        elif field in _TIME_FIELDS and not float(value) >= 0:
+            raise _bad_times(names.get(field, field), torch.tensor(float(value)))
+    flags = dict(zip(kinds, torch.stack(checks).tolist(), strict=True)) if checks else {}  # the one sync
+    for field in _TIME_FIELDS:
+        if flags.get(field) is False:
+            raise _bad_times(names.get(field, field), fields[field])
+    try:
+        voxel_shape = broadcast_shapes(*shapes.values())
+    except ValueError:
+        raise broadcast_error(shapes) from None
+    num_voxels = math.prod(voxel_shape)
+    values = []
+    for field in nat.TISSUE_PARAMS:
+        value = fields.get(field)
+        if value is None:
+            values.append(None)
+        elif isinstance(value, torch.Tensor):
+            if field not in _TIME_FIELDS and field not in active and not value.requires_grad \
+                    and not flags.get(field, True):
+                values.append(None)  # a map at its identity value: the physics stays off
+                continue
+            t = value if value.dtype == dtype else value.to(dtype)
+            values.append(t.reshape(1) if t.numel() == 1 else t.expand(voxel_shape).reshape(-1).contiguous())
+        elif field in _TIME_FIELDS or field in active or float(value) != IDENTITY[field]:
+            values.append(torch.full((1,), float(value), dtype=dtype))
+        else:
+            values.append(None)
+    phase = any(values[nat.TISSUE_PARAMS.index(f)] is not None for f in _PHASE_FIELDS)
+    return Packed(voxel_shape, num_voxels, tuple(values), phase)
+
+
+def needs_complex(fields: dict) -> bool:
+    """Whether tissue asks for phase physics (B0, B1phase, v, pool shifts): the complex path."""
+    for field in _PHASE_FIELDS + _POOL_SHIFTS:
+        value = fields.get(field)
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad or bool(_tensor_identity_differs(value, 0.0)):
+                return True
+        elif float(value) != 0.0:
+            return True
+    return False
+
+
+# -- kernel calls -----------------------------------------------------------------------------------
+def _static(program, num_voxels: int, dtype: torch.dtype, checkpoint_stride: int = 4) -> K.Static:
+    return K.Static(
+        action=torch.from_numpy(program.action),
+        record=torch.from_numpy(program.record),
+        num_repetitions=program.num_repetitions,
+        num_samples=program.num_samples,
+        num_states=program.num_states,
+        path=program.path,
+        crusher_dk_rad_per_m=program.crusher_dk_rad_per_m,
+        voxel_size_m=program.voxel_size_m,
+        checkpoint_stride=checkpoint_stride,
+        num_voxels=num_voxels,
+        dtype=dtype,
+    )
+
+
+def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: torch.dtype = torch.float32,
+        jacobian=(), lineshape: str = "super-lorentzian"):
+    """Run `program` with `values` (dt_s, dt_wrap_s, flip_rad, phase_rad) on tissue `fields`.
+
+    `packed` is `pack_fields(fields, dtype=dtype, active=jacobian)`: free-water tissue takes the direct
+    path; None (pools) goes through `engine.simulate.bind`, which builds the pool tables. Returns
+    (signal [*voxel, S], J [*voxel, P, S] or None); `jacobian` names the P tissue fields to differentiate
+    along (forward mode).
+    """
+    S = program.num_samples
+    if packed is not None:
+        event = tuple(v if v.dtype == dtype else v.to(dtype) for v in values)
+        static = _static(program, packed.num_voxels, dtype)
+        inputs = event + packed.values + (None,) * len(nat.TABLES)
+        voxel_shape = packed.voxel_shape
+        if not jacobian:
+            return EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (S,)), None
+        tangents = [None] * len(inputs)
+        for p, field in enumerate(jacobian):
+            j = K.NUM_EVENT_INPUTS + nat.TISSUE_PARAMS.index(field)
+            if tangents[j] is None:
+                tangents[j] = torch.zeros((len(jacobian), inputs[j].numel()), dtype=dtype)
+            tangents[j][p] = 1.0
+        signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
+        return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
+
+    # Pools or T2prime: the engine's binding builds the pool tables (and raises what it does not support).
+    dt, dt_wrap, flip, phase = values
+    program = dataclasses.replace(program, dt_s=dt, dt_wrap_s=dt_wrap, flip_rad=flip, phase_rad=phase)
+    tissue = TissueProperties(**fields)
+    static, inputs, voxel_shape = engine_bind(program, tissue, dtype, lineshape=lineshape, active=jacobian)
+    if not jacobian:
+        return EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (S,)), None
+    columns = []  # the tangent of every kernel input along each field, by forward mode through the binding
+    for field in jacobian:
+        value = fields[field]
+        base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(base, torch.ones_like(base))
+            _, dual_inputs, _ = engine_bind(program, dataclasses.replace(tissue, **{field: dual}), dtype,
+                                            lineshape=lineshape, active=jacobian)
+            columns.append([None if x is None else fwAD.unpack_dual(x).tangent for x in dual_inputs])
+    tangents = []
+    for i, x in enumerate(inputs):
+        parts = [c[i] for c in columns]
+        if x is None or all(t is None for t in parts):
+            tangents.append(None)
+        else:
+            tangents.append(torch.stack([torch.zeros_like(x) if t is None else t.to(x.dtype) for t in parts]))
+    signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
+    return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
+
+
+def _jacobian_shape(jac: torch.Tensor, voxel_shape: tuple, P: int, S: int) -> torch.Tensor:
+    """[P, V, S] -> (*voxel, P, S)."""
+    return jac.permute(1, 0, 2).reshape(voxel_shape + (P, S))
+
+
+# -- playings end to end ----------------------------------------------------------------------------
+def unroll(program, values: tuple, playings: int, *, stride: int = 1):
+    """`playings x stride` playings of a program laid end to end, every `stride`-th recorded: (program, values).
+
+    Sample slot `k * S + s` is sample s of playing `(k + 1) * stride` (counting from 1). The first event of
+    every later playing waits the wrap interval, as in a program of that many repetitions. Every per-event
+    array of the program (including ones added after this was written) is tiled.
+    """
+    n = playings * stride
+    dt, dt_wrap, flip, phase = values
+    E, S = len(program.action), program.num_samples
+    later = torch.cat([dt_wrap.reshape(1), dt[1:]])
+    changes = {"num_repetitions": 1, "num_samples": playings * S}
+    for f in dataclasses.fields(program):
+        value = getattr(program, f.name)
+        if f.name == "record":
+            tiled = np.tile(value, n)
+            playing = np.repeat(np.arange(n), E)
+            kept = (tiled >= 0) & ((playing + 1) % stride == 0)
+            changes[f.name] = np.where(kept, tiled + ((playing + 1) // stride - 1) * S, -1).astype(np.int32)
+        elif f.name == "action":
+            tiled = np.tile(value, n) & ~nat.RECORD  # set again below where a slot is kept
+            if n > 1 and (bool(dt_wrap.detach()[0] != 0) or dt_wrap.requires_grad):
+                tiled[E::E] |= nat.INTERVAL
+            changes[f.name] = tiled.astype(np.int32)
+        elif f.name == "sample_events":
+            changes[f.name] = list(value) * playings
+        elif isinstance(value, np.ndarray) and value.shape[:1] == (E,):
+            changes[f.name] = np.tile(value, (n,) + (1,) * (value.ndim - 1))
+    unrolled = dataclasses.replace(program, **changes)
+    unrolled.action[unrolled.record >= 0] |= nat.RECORD
+    values = (torch.cat([dt] + [later] * (n - 1)), dt_wrap, flip.repeat(n), phase.repeat(n))
+    return unrolled, values

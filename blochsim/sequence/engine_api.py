@@ -1,0 +1,178 @@
+"""The engine at the description layer (API.md 6.4): `EpgEngine`, `SimulationResult`, `pack_description`.
+
+`EpgEngine().simulate(description, tissue)` plays a `SequenceDescription` on a `TissueProperties` and
+returns the raw engine samples (no post-rotation, API.md 1.6) with one label per sample.
+`pack_description` compiles a description once, for callers that hold the structure fixed and call
+`simulate(..., events=packed)` many times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .._arrays import to_tensor
+from .._errors import check_device
+from ..engine.bind import needs_complex as _needs_complex
+from ..engine.bind import pack_fields, run, unroll, values_of
+from ..engine.program import compile_program, default_states, shifts_per_repetition
+from ..engine.steady import simulate_steady
+from .description import SequenceDescription
+from .tissue import TissueProperties
+
+__all__ = ["EpgEngine", "SimulationResult", "PackedDescription", "pack_description", "TissueProperties"]
+
+_RECORD_MODES = ("all", "acquired", "echo")
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Samples and one label per sample.
+
+    signal: complex64 `(*voxel_shape, samples)`, the raw engine value `M0 sum F+(0) e^{-i psi}`.
+    time_us: float64 `(samples,)`, the ADC timestamp within its repetition (us).
+    event_index: int64 `(samples,)`, the index of the ADC event in `description.events`.
+    repetition: int64 `(samples,)`, the playing the sample was recorded in, from 0.
+    echo: bool `(samples,)`, the ADC event's `is_echo` [compat: the incumbent calls it an index].
+    echo_index: int64 `(samples,)`, the echo number within its repetition (from 0), -1 for non-echo samples.
+    """
+
+    signal: torch.Tensor
+    time_us: torch.Tensor
+    event_index: torch.Tensor
+    repetition: torch.Tensor
+    echo: torch.Tensor
+    echo_index: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class PackedDescription:
+    """A description compiled for the kernels (opaque; give it to `EpgEngine.simulate(events=...)`)."""
+
+    description: SequenceDescription
+    repetitions: int | str
+    record: str
+    states: int | None
+    record_every: bool
+    _programs: dict = field(default_factory=dict, repr=False)
+
+    def program(self, complex_states: bool):
+        """The compiled program (one per path), memoized."""
+        if complex_states not in self._programs:
+            reps, states = self.repetitions, self.states
+            if reps == "auto":
+                reps = 1
+                states = states if states is not None else default_states(self.description, 1 << 20)
+            elif self.record_every:
+                reps = 1  # every playing is laid out and recorded by `unroll`
+                states = states if states is not None else default_states(self.description, self.repetitions)
+            self._programs[complex_states] = compile_program(self.description, repetitions=reps, record=self.record,
+                                                             states=states, complex_states=complex_states)
+        return self._programs[complex_states]
+
+
+def pack_description(description, *, repetitions=1, record="all", device=None, rf_raster_time_s=1e-6,
+                     record_every=False, slice_profile=None, nstates=None) -> PackedDescription:
+    """Compile `description` once for `EpgEngine.simulate(..., events=...)`.
+
+    `record_every=True` records every playing, not only the last (samples `(repetitions x S)`, labelled
+    by `repetition`). `slice_profile` is not supported yet (NotImplementedError).
+    """
+    if not isinstance(description, SequenceDescription):
+        raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
+    if slice_profile is not None:
+        raise NotImplementedError("slice_profile: slice-profile integration is not built into the engine yet")
+    check_device(device)
+    if record not in _RECORD_MODES:
+        raise ValueError(f"record must be one of {_RECORD_MODES}, got {record!r}")
+    if repetitions != "auto" and (isinstance(repetitions, bool) or not isinstance(repetitions, int) or repetitions < 1):
+        raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {repetitions!r}")
+    if record_every and repetitions == "auto":
+        raise ValueError("record_every=True records each of a finite number of playings; give repetitions=N")
+    if rf_raster_time_s != 1e-6 and rf_raster_time_s != description.rf_raster_time_s:
+        description = dataclasses.replace(description, rf_raster_time_s=rf_raster_time_s)
+    return PackedDescription(description, repetitions, record, nstates, bool(record_every))
+
+
+def _tissue_fields(tissue: TissueProperties) -> dict:
+    fields = {}
+    for name, value in tissue.items():
+        if isinstance(value, (bool, int, float)):
+            fields[name] = float(value)
+        else:
+            fields[name] = to_tensor(value, name=name)
+    return fields
+
+
+class EpgEngine:
+    """The EPG engine on `SequenceDescription`s (API.md 6.4). Stateless."""
+
+    def shifts_per_repetition(self, description: SequenceDescription) -> int:
+        """Windings of one repetition: CRUSH_BEFORE, CRUSH_AFTER and SHIFT_AFTER each count once."""
+        return shifts_per_repetition(description)
+
+    def simulate(self, description: SequenceDescription, tissue: TissueProperties, *, repetitions=1, record="all",
+                 nstates=None, across_slice=None, rf_raster_time_s=1e-6, device=None,
+                 events: PackedDescription | None = None) -> SimulationResult:
+        """Play `description` on `tissue` and return the samples of the last playing with their labels.
+
+        `repetitions` is an int >= 1 or "auto" (steady state, API.md 3.4); `nstates` the EPG orders
+        (None: automatic, API.md 2.1). `events` is a `pack_description` result for this description.
+        Differentiable in reverse mode through every tensor of the description and the tissue.
+        """
+        if across_slice is not None:
+            raise NotImplementedError(f"across_slice={across_slice!r}: slice-profile integration is not built "
+                                      "into the engine yet; leave across_slice=None")
+        if not isinstance(tissue, TissueProperties):
+            raise TypeError(f"tissue must be a TissueProperties, got {type(tissue).__name__}")
+        if events is None:
+            events = pack_description(description, repetitions=repetitions, record=record, device=device,
+                                      rf_raster_time_s=rf_raster_time_s, nstates=nstates)
+        elif not isinstance(events, PackedDescription):
+            raise TypeError(f"events must come from pack_description, got {type(events).__name__}")
+        check_device(device)
+        fields = _tissue_fields(tissue)
+        auto = events.repetitions == "auto"
+        dtype = torch.float64 if auto else torch.float32
+        packed = pack_fields(fields, dtype=dtype)
+        program = events.program(packed.phase_physics if packed is not None else _needs_complex(fields))
+        values = values_of(program)
+        if auto:
+            signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields)
+        elif events.record_every:
+            program, values = unroll(program, values, events.repetitions)
+            signal, _ = run(program, values, packed, fields, dtype=dtype)
+        else:
+            signal, _ = run(program, values, packed, fields, dtype=dtype)
+        return _labelled(signal, program, events)
+
+
+def _labelled(signal, program, events: PackedDescription) -> SimulationResult:
+    adc = events.description.events
+    index = list(program.sample_events)
+    per_playing = len(index) // events.repetitions if events.record_every else len(index)
+    times, echo, echo_index, repetition = [], [], [], []
+    count = 0
+    for k, i in enumerate(index):
+        if per_playing and k % per_playing == 0:
+            count = 0
+        event = adc[i]
+        stamp = event.timestamp_us
+        times.append(float(stamp.detach()) if isinstance(stamp, torch.Tensor) else float(stamp))
+        echo.append(bool(event.is_echo))
+        echo_index.append(count if event.is_echo else -1)
+        count += bool(event.is_echo)
+        if events.record_every:
+            repetition.append(k // per_playing)
+        else:
+            repetition.append(0 if events.repetitions == "auto" else events.repetitions - 1)
+    return SimulationResult(
+        signal=signal,
+        time_us=torch.tensor(times, dtype=torch.float64),
+        event_index=torch.tensor(index, dtype=torch.int64),
+        repetition=torch.tensor(repetition, dtype=torch.int64),
+        echo=torch.tensor(echo, dtype=torch.bool),
+        echo_index=torch.tensor(echo_index, dtype=torch.int64),
+    )

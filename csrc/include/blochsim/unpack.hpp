@@ -1,0 +1,105 @@
+// Host-side unpacking of the C ABI structs into the kernels' Problem, with validation (throws
+// std::invalid_argument; the entry points turn that into a status and bs_last_error()). Shared by the host
+// and the CUDA libraries.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "blochsim/event_loop.hpp"
+#include "capi.h"
+
+namespace bs {
+
+template <class R>
+Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, const bs_tables& tb,
+                        const bs_tables* tb_tan) {
+  Problem<R> pb;
+  pb.E = pg.num_events;
+  pb.reps = pg.num_repetitions;
+  pb.S = pg.num_samples;
+  pb.K = pg.num_states;
+  pb.stride = pg.checkpoint_stride;
+  if (pb.E < 1) throw std::invalid_argument("num_events must be >= 1");
+  if (pb.reps < 1) throw std::invalid_argument("num_repetitions must be >= 1");
+  if (pb.K < 1) throw std::invalid_argument("num_states must be >= 1");
+  if (pb.stride < 1) throw std::invalid_argument("checkpoint_stride must be >= 1");
+  if (pg.path != BS_PATH_REAL && pg.path != BS_PATH_COMPLEX) throw std::invalid_argument("path must be 0 or 1");
+  pb.action = pg.action;
+  pb.record = pg.record;
+  auto event_input = [&](const void* data, const void* tan, int64_t tan_stride_p) {
+    Input<R> in;
+    in.data = static_cast<const R*>(data);
+    in.stride = 1;
+    in.tan = static_cast<const R*>(tan);
+    in.tan_stride_p = tan_stride_p;
+    in.tan_stride = 1;
+    return in;
+  };
+  pb.dt = event_input(pg.dt_s, tg ? tg->dt_s : nullptr, pb.E);
+  pb.dt_wrap = event_input(pg.dt_wrap_s, tg ? tg->dt_wrap_s : nullptr, 1);
+  pb.flip = event_input(pg.flip_rad, tg ? tg->flip_rad : nullptr, pb.E);
+  pb.phase = event_input(pg.phase_rad, tg ? tg->phase_rad : nullptr, pb.E);
+  if (!pb.dt.data || !pb.dt_wrap.data || !pb.flip.data || !pb.phase.data || !pb.action || !pb.record)
+    throw std::invalid_argument("program arrays must not be null");
+  static const double identity[BS_NUM_TISSUE] = {0, 0, 1, 1, 0, 0, 1, 0, 0};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    Input<R>& in = pb.tissue[j];
+    in.data = static_cast<const R*>(ts.data[j]);
+    in.stride = ts.stride[j];
+    in.identity = R(identity[j]);
+    if (tg) {
+      in.tan = static_cast<const R*>(tg->tissue[j]);
+      in.tan_stride_p = tg->tissue_stride_p[j];
+      in.tan_stride = tg->tissue_stride_v[j];
+    }
+  }
+  if (!pb.tissue[BS_T1_MS].data || !pb.tissue[BS_T2_MS].data)
+    throw std::invalid_argument("tissue T1 and T2 are required");
+  pb.dk = pg.crusher_dk_rad_per_m;
+  pb.voxel_m = pg.voxel_size_m;
+  const bool moving = ts.data[BS_VELOCITY_M_PER_S] != nullptr;
+  pb.diffusion = pb.dk != 0 && ts.data[BS_DIFFUSION_UM2_PER_MS] != nullptr;
+  pb.flow = pb.dk != 0 && moving;
+  pb.washout = pb.voxel_m > 0 && moving;
+  pb.offres = ts.data[BS_B0_HZ] != nullptr;
+  if (pg.path == BS_PATH_REAL && (pb.offres || moving || ts.data[BS_B1_PHASE_RAD]))
+    throw std::invalid_argument("the real path cannot take B0, B1phase or v: compile for the complex path");
+  for (int64_t e = 0; e < pb.E; ++e)
+    if (pb.record[e] >= pb.S) throw std::invalid_argument("record slot out of range");
+  pb.nt = pg.num_transverse_pools;
+  pb.nl = pg.num_longitudinal_pools;
+  pb.tabulated = pg.tabulated != 0;
+  if (!pb.tabulated && (pb.nt != 1 || pb.nl != 1))
+    throw std::invalid_argument("pool model 0 has one transverse and one longitudinal pool");
+  if (pb.nt < 1 || pb.nl < pb.nt || pb.nl > kMaxPools)
+    throw std::invalid_argument("pools: need 1 <= num_transverse_pools <= num_longitudinal_pools <= 8");
+  if (pb.tabulated) {
+    pb.num_intervals = pg.num_intervals;
+    pb.interval = pg.interval;
+    pb.wrap_interval = pg.wrap_interval;
+    if (!pb.interval || !tb.L || !tb.r || !tb.T || !tb.zeq || (pb.nl > pb.nt && !tb.sat))
+      throw std::invalid_argument("a tabulated layout needs its interval rows and tables L, r, T, zeq (and sat)");
+    for (int64_t e = 0; e < pb.E; ++e)
+      if ((pb.action[e] & BS_INTERVAL) && (pb.interval[e] < 0 || pb.interval[e] >= pb.num_intervals))
+        throw std::invalid_argument("interval row out of range");
+    Input<R>* tables[5] = {&pb.table_L, &pb.table_r, &pb.table_T, &pb.table_zeq, &pb.table_sat};
+    const void* data[5] = {tb.L, tb.r, tb.T, tb.zeq, tb.sat};
+    const void* tans[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    if (tb_tan) {
+      tans[0] = tb_tan->L, tans[1] = tb_tan->r, tans[2] = tb_tan->T, tans[3] = tb_tan->zeq, tans[4] = tb_tan->sat;
+    }
+    for (int i = 0; i < 5; ++i) {
+      tables[i]->data = static_cast<const R*>(data[i]);
+      tables[i]->stride = tb.stride_v[i];
+      tables[i]->tan = static_cast<const R*>(tans[i]);
+      if (tb_tan) {
+        tables[i]->tan_stride_p = tb_tan->stride_p[i];
+        tables[i]->tan_stride = tb_tan->stride_v[i];
+      }
+    }
+  }
+  return pb;
+}
+
+}  // namespace bs

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build the CUDA library from this tree and run the GPU tests on the lent card (run from the repo root).
+# Prints the test summary, then compute-sanitizer's memcheck and racecheck verdicts on a small case.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/blochsim-gpu}
+mkdir -p "$out"
+jobs=$(nproc)
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
+      -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+ninja -C build/gpu -j "$jobs" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+export BLOCHSIM_CPU_LIBRARY=$PWD/build/gpu/libblochsim_cpu.so
+export BLOCHSIM_CUDA_LIBRARY=$PWD/build/gpu/libblochsim_cuda.so
+export PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
+if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    BLOCHSIM_SANITIZER_CASE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 -m pytest -q -x tests/test_cuda.py -k sanitizer -p no:cacheprovider >"$out/$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/$tool.log") clean summaries)"
+    grep -E "ERROR SUMMARY" "$out/$tool.log" | sort | uniq -c | head -3
+  done
+fi
