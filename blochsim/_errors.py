@@ -7,8 +7,6 @@ Built-in exception types are kept for compatibility; only the CUDA loader adds i
 from __future__ import annotations
 
 import difflib
-import importlib.metadata
-import importlib.util
 
 import torch
 
@@ -67,8 +65,9 @@ def _install_line() -> str:
 def check_device(device) -> None:
     """Raise the API.md section 10 error when `device` asks for CUDA that cannot be served.
 
-    A torch built without CUDA gives RuntimeError; a missing or mismatched blochsim CUDA package gives
-    `CudaBuildMismatch`. `None` and CPU devices pass.
+    A torch built without CUDA, or no visible GPU, gives RuntimeError; a missing or mismatched blochsim
+    CUDA package gives `CudaBuildMismatch` (from the loader, `blochsim._native.cuda_library`). `None` and
+    CPU devices pass.
     """
     if device is None:
         return
@@ -83,23 +82,9 @@ def check_device(device) -> None:
             "blochsim runs on the CPU until a CUDA build of torch and the matching blochsim CUDA package are "
             f"installed: {_install_line()}"
         )
-    major = int(torch.version.cuda.split(".")[0])
-    installed = {}
-    for module, extra, _ in CUDA_PACKAGES.values():
-        if importlib.util.find_spec(module) is not None:
-            try:
-                installed[extra] = importlib.metadata.version(module.replace("_", "-"))
-            except importlib.metadata.PackageNotFoundError:
-                installed[extra] = "unknown version"
-    wanted = CUDA_PACKAGES.get(major)
-    have = ", ".join(f"blochsim[{k}] {v}" for k, v in installed.items()) or "none"
-    if wanted is None or wanted[1] not in installed or installed[wanted[1]] != __version__:
-        need = f"blochsim[{wanted[1]}]" if wanted else "a blochsim CUDA package for this CUDA major"
-        raise CudaBuildMismatch(
-            f"device={device!r} needs {need}=={__version__}: torch uses CUDA {torch.version.cuda} (major {major}), "
-            f"installed blochsim CUDA builds: {have}. Install the match: {_install_line()}"
-        )
-    raise NotImplementedError(
-        f"device={device!r}: the CUDA kernels are installed but not yet wired into blochsim {__version__}'s "
-        "simulators; run on the CPU (device=None)"
-    )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} asks for CUDA, but torch sees no CUDA device (driver or "
+                           "CUDA_VISIBLE_DEVICES); run on the CPU (device=None) or on a machine with a GPU")
+    from . import _native
+
+    _native.cuda_library()  # raises CudaBuildMismatch naming the extra to install

@@ -677,6 +677,28 @@ class Simulator:
             raise NotImplementedError(f"across_slice={self._setting(settings, 'across_slice')!r}: slice-profile "
                                       "integration is not built into the engine yet; leave across_slice=None")
 
+    def _placement(self, settings: dict, fields: dict) -> tuple:
+        """(device the work runs on, device the results return to), API.md 1.3 and 9.
+
+        Work runs where the tissue tensors are, unless `device=` or an execution target says otherwise;
+        results return to the tissue tensors' device (to the work's device if there are none).
+        """
+        home = None
+        for value in fields.values():  # any tensor off the CPU decides; scalars became CPU tensors
+            if isinstance(value, torch.Tensor) and (home is None or value.device.type != "cpu"):
+                home = value.device
+        target = settings.get("device")
+        if target is None:
+            execution = self._setting(settings, "execution")
+            if execution == "cpu":
+                target = "cpu"
+            elif isinstance(execution, (str, torch.device)) and execution != "auto":
+                target = execution
+            elif isinstance(execution, (list, tuple)) and execution:
+                target = execution[0]
+        device = torch.device(target) if target is not None else (home or torch.device("cpu"))
+        return device, home or device
+
     def _engine(self, properties: Mapping, protocol: dict, settings: dict):
         """Run the engine: the signal, or under a jacobian() request, the request's output."""
         request = _JACOBIAN.get()
@@ -691,22 +713,33 @@ class Simulator:
         record = self._setting(settings, "record")
         jacobian = request.fields if request is not None else ()
         fields = self._tissue_fields(properties)
+        device, home = self._placement(settings, fields)
+        if device.type != "cpu":
+            fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(float(v), device=device)
+                      for k, v in fields.items()}
         auto = repetitions == "auto"
         dtype = torch.float64 if auto else torch.float32
-        packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names)
+        packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
-        program, values, windings = self._program(protocol, settings, states, repetitions, record, complex_states)
+        program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
+                                                           complex_states, dtype)
         if auto:
             signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian)
         else:
-            signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian)
+            signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
+        if home != device:  # results return to the tissue tensors' device
+            signal, jac = signal.to(home), None if jac is None else jac.to(home)
         if request is None:
             return signal
         request.result = (signal, jac)
         return request.output()
 
-    def _program(self, protocol, settings, states, repetitions, record, complex_states):
-        """(program, values, windings) for a call: cached and resolved where possible (docs/design.md)."""
+    def _program(self, protocol, settings, states, repetitions, record, complex_states, dtype=torch.float64):
+        """(program, values, windings, wrapped) for a call: cached and resolved where possible (docs/design.md).
+
+        Resolved values come in `dtype` with their phases wrapped (`wrapped` True); walked values are the
+        program's own float64 arrays.
+        """
         if self._stored is not None:
             key = ("stored", states, repetitions, record, complex_states)
             entry = self._cache.get(key)
@@ -714,17 +747,17 @@ class Simulator:
                 program, windings = self._walk(None, settings, states, repetitions, record, complex_states)
                 values = values_of(program)
                 if any(v.requires_grad for v in values):
-                    return program, values, windings  # a differentiable description: compile every call
+                    return program, values, windings, False  # a differentiable description: compile every call
                 entry = _Entry(program, windings, torch.zeros(0), values, None)
                 self._cache.put(key, entry)
-            return entry.program, entry.values_ref, entry.windings
+            return entry.program, entry.values_ref, entry.windings, False
 
         args, key, leaves = self._layout_args(protocol)
         key = (tuple(key), states, repetitions, record, complex_states, id(settings.get("pulse")),
                id(settings.get("shims")))
         if not self._resolve:
             program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
-            return program, values_of(program), windings
+            return program, values_of(program), windings, False
         p = leaves[0].reshape(-1) if len(leaves) == 1 else (
             torch.cat([x.reshape(-1) for x in leaves]) if leaves else torch.zeros(0, dtype=torch.float64))
         entry = self._cache.get(key)
@@ -732,20 +765,20 @@ class Simulator:
             program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
             values = values_of(program)
             self._cache.put(key, _Entry(program, windings, p, values, [settings.get("pulse"), settings.get("shims")]))
-            return program, values, windings
+            return program, values, windings, False
         if entry.state == "resolved":
             if entry.verified or torch.equal(p.detach(), entry.p_ref):
-                return entry.program, entry.affine(p, torch.float64), entry.windings
-            return self._verify(entry, p, args, settings, states, repetitions, record, complex_states)
+                return entry.program, entry.affine(p, dtype, wrap_last=True), entry.windings, True
+            return self._verify(entry, p, args, settings, states, repetitions, record, complex_states) + (False,)
         if entry.state == "seen":
             resolved = self._resolve_entry(entry, p, args, leaves, settings, states, repetitions, record,
-                                           complex_states)
+                                           complex_states, dtype)
             if resolved is not None:
                 return resolved
         program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
-        return program, values_of(program), windings
+        return program, values_of(program), windings, False
 
-    def _resolve_entry(self, entry, p, args, leaves, settings, states, repetitions, record, complex_states):
+    def _resolve_entry(self, entry, p, args, leaves, settings, states, repetitions, record, complex_states, dtype):
         """Second sight of a structure: fit `values = A p + b`, check it, and cache it. None if it fails."""
         copies = [x.detach().requires_grad_() for x in leaves]
         lookup = {id(x): c for x, c in zip(leaves, copies, strict=True)}
@@ -767,7 +800,7 @@ class Simulator:
         entry.program, entry.windings, entry.affine = program, windings, affine
         entry.verified = (not same_p and same_path) or p.numel() == 0
         entry.p_ref, entry.state = p.detach().clone(), "resolved"
-        return program, affine(p, torch.float64), windings
+        return program, affine(p, dtype, wrap_last=True), windings, True
 
     def _verify(self, entry, p, args, settings, states, repetitions, record, complex_states):
         """A resolved map seen only at one protocol point: walk once at a new point and compare."""

@@ -355,9 +355,6 @@ def test_torch_func_jvp_matches_oracle(path):
     assert rel_max_err(got, expected) < FIRST[torch.float64]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: with forward-mode AD only (no requires_grad), RF phase "
-                   "tangents are dropped: program._common_axis looks at requires_grad alone, picks the real "
-                   "path for phases on one axis, and the real path never reads RF phases")
 def test_forward_ad_phase_tangent_on_auto_path():
     """A uniform tangent on every RF and ADC phase turns the whole experiment about z: the demodulated signal
     does not change, so its tangent is 0 (the oracle agrees). The engine, on the auto path, turns the ADCs only."""
@@ -370,9 +367,6 @@ def test_forward_ad_phase_tangent_on_auto_path():
     assert float(got.abs().max()) / scale < FIRST[torch.float64]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: with forward-mode AD only (no requires_grad), a tissue "
-                   "property at its identity value is not sent to the kernels (tissue._is_identity looks at "
-                   "requires_grad alone), so its tangent is silently dropped")
 def test_forward_ad_tangent_at_identity_value():
     """bSSFP is sensitive to B0: d signal / d B0 at B0 = 0 is not 0 (the oracle gives ~0.05 per Hz)."""
     x = values("bssfp", "complex", with_phases=False)
@@ -384,10 +378,6 @@ def test_forward_ad_tangent_at_identity_value():
     assert rel_max_err(got, expected) < FIRST[torch.float64]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug (shared by the oracle): a zero-length interval is skipped "
-                   "unless its dt requires grad (program.py `differentiable_dt = dt_s.requires_grad`; "
-                   "_reference.epg.play's `interval`), so a forward-mode tangent on it is dropped: d/dTI at TI = 0 "
-                   "comes out 0 in forward mode and -3.16 in reverse mode")
 def test_forward_ad_tangent_on_zero_length_interval():
     """d signal / d TI at TI = 0 (inversion, then excitation at once): forward mode must give what reverse mode
     gives. Compared with the engine's own reverse mode, which matches the oracle's (test_vjp_matches_oracle);

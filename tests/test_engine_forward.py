@@ -94,9 +94,6 @@ def test_off_axis_pulses_late_start_few_states(states, path, dtype):
     assert rel_max_err(signal, expected) < TOL[dtype]
 
 
-@pytest.mark.xfail(strict=True, reason="engine precision bug: RF and ADC phases are cast to float32 as given, "
-                   "not reduced modulo 2 pi first (program.py / simulate.bind); 117-degree quadratic increments "
-                   "reach 1600 rad in 40 TRs, held to ~1e-4 rad in float32: error 2e-5 (4e-7 with wrapped phases)")
 def test_long_quadratic_phase_train_float32():
     """40 TRs of RF spoiling (117 degree quadratic increments, as in a spoiled MRF or SPGR train) in float32."""
     n = 40

@@ -296,8 +296,6 @@ def test_fractions_over_one_rejected():
         simulate(DESCRIPTION, props, states=STATES)
 
 
-@pytest.mark.xfail(strict=True, reason="the message names 'the semisolid and exchanging pool fractions', not the "
-                   "fields (STYLE.md 7: an error names the argument); the oracle's names bound_fraction")
 def test_fractions_over_one_names_the_fields():
     props = TissueProperties(t1_ms=f64(T1_MS), t2_ms=f64(T2_MS), bound_fraction=0.6, pool_b_fraction=0.5)
     with pytest.raises(ValueError, match="bound_fraction"):

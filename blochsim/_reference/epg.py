@@ -131,6 +131,13 @@ def _f64(value: Any) -> torch.Tensor:
     return torch.tensor(float(value), dtype=REAL)
 
 
+def _differentiated(x) -> bool:
+    """Carries a derivative: requires_grad, or a forward-mode tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
+
+
 def _is_given(value: Any) -> bool:
     """A pool is present when its fraction is a tensor (any value) or a nonzero number."""
     return isinstance(value, torch.Tensor) or float(value) != 0.0
@@ -537,7 +544,7 @@ def play(
     wrap_dt = _f64(description.tr_duration_us) * 1e-6 - times_s[-1] + times_s[0] if events else None
 
     def interval(dt_s: torch.Tensor) -> _Interval | None:
-        if not dt_s.requires_grad and float(dt_s) == 0.0:
+        if not _differentiated(dt_s) and float(dt_s) == 0.0:
             return None
         return _interval(dt_s, pools, values, geometry, states)
 

@@ -51,7 +51,12 @@ _RF, _ADC = EventType.RF, EventType.ADC
 
 
 def _f64(value) -> torch.Tensor:
-    return value if value.dtype == torch.float64 and value.dim() == 0 else value.to(torch.float64).reshape(())
+    if value.dim() == 0:
+        return value if value.dtype == torch.float64 else value.to(torch.float64)
+    if value.numel() != 1:
+        raise NotImplementedError(f"an event value of shape {tuple(value.shape)}: a leading train axis (one value "
+                                  "per train) is not supported by the engine yet; simulate one train at a time")
+    return value.to(torch.float64).reshape(())
 
 
 def _vector(items: list) -> torch.Tensor:
@@ -290,10 +295,11 @@ class AffineValues:
     block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`.
     """
 
-    __slots__ = ("rows", "cols", "coef", "offset", "sizes")
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped")
 
     def __init__(self, rows, cols, coef, offset, sizes):
         self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
+        self.wrapped = None  # the offset with its constant last block wrapped, False if that block varies
 
     @classmethod
     def fit(cls, blocks: tuple, leaves: list, p: torch.Tensor, *, max_entries: int = 1 << 26):
@@ -330,11 +336,24 @@ class AffineValues:
             return out
         return out.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
 
-    def __call__(self, p: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple:
-        """The value blocks at `p`, computed in float64 and narrowed to `dtype` once."""
+    def __call__(self, p: torch.Tensor, dtype: torch.dtype = torch.float64, *, wrap_last: bool = False) -> tuple:
+        """The value blocks at `p`, computed in float64 and narrowed to `dtype` once.
+
+        `wrap_last` reduces the last block (the phases) modulo 2 pi before narrowing; a constant last
+        block is wrapped once, here, instead of on every call.
+        """
         flat = self.offset
+        if wrap_last and self.wrapped is None:
+            last = flat.numel() - self.sizes[-1]
+            constant = self.rows.numel() == 0 or bool((self.rows < last).all())
+            self.wrapped = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)]) if constant else False
+        if wrap_last and self.wrapped is not False:
+            flat = self.wrapped
         if self.rows.numel():
             flat = flat.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
+            if wrap_last and self.wrapped is False:
+                last = flat.numel() - self.sizes[-1]
+                flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
         return (flat if dtype == torch.float64 else flat.to(dtype)).split(self.sizes)
 
     def matches(self, p: torch.Tensor, blocks: tuple) -> bool:
@@ -392,14 +411,19 @@ def broadcast_error(shapes: dict) -> ValueError:
     return ValueError(f"tissue properties must broadcast against each other (NumPy rules): {given}{conflict}")
 
 
-def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), names=None) -> Packed | None:
+def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), names=None,
+                device: torch.device | None = None) -> Packed | None:
     """Pack free-water tissue `{engine field: number or tensor}` for the kernels, or None if it has pools.
 
     Only the fields given are read; `t1_ms` and `t2_ms` must be among them. Fields named in `active` are
     sent even at their identity value. NaN or negative relaxation times raise ValueError naming the
-    property (`names` maps fields to public names for the messages). One host sync at most.
+    property (`names` maps fields to public names for the messages). One host sync at most. Buffers are
+    made on `device` (default: where the tensors are, else the CPU).
     """
     names = names or {}
+    if device is None:  # where the tensors are: one off the CPU decides
+        device = next((v.device for v in fields.values() if isinstance(v, torch.Tensor) and v.device.type != "cpu"),
+                      torch.device("cpu"))
     shapes, checks, kinds = {}, [], []
     for field, value in fields.items():
         if field not in _KERNEL_FIELDS:
@@ -439,10 +463,10 @@ def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), 
                     and not flags.get(field, True):
                 values.append(None)  # a map at its identity value: the physics stays off
                 continue
-            t = value if value.dtype == dtype else value.to(dtype)
+            t = value if value.dtype == dtype and value.device == device else value.to(device=device, dtype=dtype)
             values.append(t.reshape(1) if t.numel() == 1 else t.expand(voxel_shape).reshape(-1).contiguous())
         elif field in _TIME_FIELDS or field in active or float(value) != IDENTITY[field]:
-            values.append(torch.full((1,), float(value), dtype=dtype))
+            values.append(torch.full((1,), float(value), dtype=dtype, device=device))
         else:
             values.append(None)
     phase = any(values[nat.TISSUE_PARAMS.index(f)] is not None for f in _PHASE_FIELDS)
@@ -464,7 +488,8 @@ def needs_complex(fields: dict) -> bool:
 
 
 # -- kernel calls -----------------------------------------------------------------------------------
-def _static(program, num_voxels: int, dtype: torch.dtype, checkpoint_stride: int = 4) -> K.Static:
+def _static(program, num_voxels: int, dtype: torch.dtype, device: torch.device,
+            checkpoint_stride: int = 4) -> K.Static:
     return K.Static(
         action=torch.from_numpy(program.action),
         record=torch.from_numpy(program.record),
@@ -477,22 +502,31 @@ def _static(program, num_voxels: int, dtype: torch.dtype, checkpoint_stride: int
         checkpoint_stride=checkpoint_stride,
         num_voxels=num_voxels,
         dtype=dtype,
+        device=device,
     )
 
 
 def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: torch.dtype = torch.float32,
-        jacobian=(), lineshape: str = "super-lorentzian"):
+        jacobian=(), lineshape: str = "super-lorentzian", wrapped: bool = False):
     """Run `program` with `values` (dt_s, dt_wrap_s, flip_rad, phase_rad) on tissue `fields`.
 
     `packed` is `pack_fields(fields, dtype=dtype, active=jacobian)`: free-water tissue takes the direct
     path; None (pools) goes through `engine.simulate.bind`, which builds the pool tables. Returns
     (signal [*voxel, S], J [*voxel, P, S] or None); `jacobian` names the P tissue fields to differentiate
-    along (forward mode).
+    along (forward mode). `wrapped` says the values are already in `dtype` with their phases wrapped
+    (`AffineValues(..., wrap_last=True)`).
     """
     S = program.num_samples
+    dt, dt_wrap, flip, phase = values
+    if not wrapped:
+        # Phases are wrapped in float64 before narrowing, as engine.simulate.bind does: an RF-spoiled train
+        # reaches thousands of rad, which float32 holds to 1e-4 rad only.
+        phase = torch.remainder(phase, 2 * math.pi)
     if packed is not None:
-        event = tuple(v if v.dtype == dtype else v.to(dtype) for v in values)
-        static = _static(program, packed.num_voxels, dtype)
+        device = next((v.device for v in packed.values if v is not None), torch.device("cpu"))
+        event = tuple(v if v.dtype == dtype and v.device == device else v.to(device=device, dtype=dtype)
+                      for v in (dt, dt_wrap, flip, phase))
+        static = _static(program, packed.num_voxels, dtype, device)
         inputs = event + packed.values + (None,) * len(nat.TABLES)
         voxel_shape = packed.voxel_shape
         if not jacobian:
@@ -501,13 +535,12 @@ def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: t
         for p, field in enumerate(jacobian):
             j = K.NUM_EVENT_INPUTS + nat.TISSUE_PARAMS.index(field)
             if tangents[j] is None:
-                tangents[j] = torch.zeros((len(jacobian), inputs[j].numel()), dtype=dtype)
+                tangents[j] = torch.zeros((len(jacobian), inputs[j].numel()), dtype=dtype, device=device)
             tangents[j][p] = 1.0
         signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
         return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
 
     # Pools or T2prime: the engine's binding builds the pool tables (and raises what it does not support).
-    dt, dt_wrap, flip, phase = values
     program = dataclasses.replace(program, dt_s=dt, dt_wrap_s=dt_wrap, flip_rad=flip, phase_rad=phase)
     tissue = TissueProperties(**fields)
     static, inputs, voxel_shape = engine_bind(program, tissue, dtype, lineshape=lineshape, active=jacobian)

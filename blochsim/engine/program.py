@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
 from ..sequence.events import AdcRole, EventAction, EventType, RfUse
@@ -77,8 +78,9 @@ def _as_f64(values: list) -> torch.Tensor:
     return torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()) for v in values])
 
 
-def _requires_grad(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.requires_grad
+def differentiated(x) -> bool:
+    """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
+    return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
 
 
 def compile_program(
@@ -149,7 +151,7 @@ def compile_program(
     tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
     dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
     action = np.asarray(actions, dtype=np.int32)
-    differentiable_dt = dt_s.requires_grad
+    differentiable_dt = differentiated(dt_s)
     nonzero = (dt_s.detach() != 0).numpy()
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
     action[nonzero | differentiable_dt] |= nat.INTERVAL
@@ -206,7 +208,7 @@ def _is_zero(x) -> bool:
 
 def _common_axis(phases: list) -> tuple[bool, float, list]:
     """Whether all pulse phases lie on one axis modulo half turns; the axis and each pulse's sign."""
-    if any(_requires_grad(p) for p in phases):
+    if any(differentiated(p) for p in phases):
         return False, 0.0, []
     values = [float(p) for p in phases]
     if not values:

@@ -15,6 +15,7 @@ import torch
 
 from .. import _native as nat
 from ..sequence.tissue import IDENTITY, TissueProperties
+from .program import differentiated
 
 __all__ = ["PackedTissue", "pack_tissue", "check_tissue", "TIME_FIELDS"]
 
@@ -35,7 +36,7 @@ class PackedTissue:
 
 def _is_identity(value, identity) -> bool:
     if isinstance(value, torch.Tensor):
-        if value.requires_grad:
+        if differentiated(value):
             return False  # a differentiated property is active even at its identity value
         return bool((value == identity).all()) if value.numel() else True
     return float(value) == identity
@@ -72,18 +73,20 @@ def check_tissue(tissue: TissueProperties) -> None:
                 f"{name} must be >= 0 ms and not NaN (0 gives no signal, inf no relaxation); "
                 f"{count} voxel(s) are bad, the first at index {index}: {t.reshape(-1)[bad.reshape(-1)][0].item()}"
             )
-    total = None
+    total, given = None, []
     for name in _FRACTIONS:
         f = torch.as_tensor(getattr(tissue, name), dtype=torch.float64).detach()
         if bool((f < 0).any()) or bool(torch.isnan(f).any()):
             raise ValueError(f"{name} must be a fraction >= 0, got values down to {f.min().item()}")
         total = f if total is None else total + f
+        if bool((f != 0).any()):
+            given.append(name)
     if bool((total > 1 + 1e-6).any()):
         flat = total.reshape(-1)
         worst = int(flat.argmax())
         raise ValueError(
-            "the semisolid and exchanging pool fractions share the voxel with free water, so they must sum "
-            f"to <= 1; the worst voxel (flat index {worst}) sums to {flat[worst].item():.6g}"
+            f"the semisolid and exchanging pool fractions ({' + '.join(given)}) share the voxel with free water, "
+            f"so they must sum to <= 1; the worst voxel (flat index {worst}) sums to {flat[worst].item():.6g}"
         )
 
 

@@ -134,9 +134,14 @@ class EpgEngine:
             raise TypeError(f"events must come from pack_description, got {type(events).__name__}")
         check_device(device)
         fields = _tissue_fields(tissue)
+        home = next((v.device for v in fields.values() if isinstance(v, torch.Tensor) and v.device.type != "cpu"),
+                    torch.device("cpu"))
+        if device is not None and torch.device(device) != home:
+            fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(v, device=device)
+                      for k, v in fields.items()}
         auto = events.repetitions == "auto"
         dtype = torch.float64 if auto else torch.float32
-        packed = pack_fields(fields, dtype=dtype)
+        packed = pack_fields(fields, dtype=dtype, device=None if device is None else torch.device(device))
         program = events.program(packed.phase_physics if packed is not None else _needs_complex(fields))
         values = values_of(program)
         if auto:
@@ -146,7 +151,7 @@ class EpgEngine:
             signal, _ = run(program, values, packed, fields, dtype=dtype)
         else:
             signal, _ = run(program, values, packed, fields, dtype=dtype)
-        return _labelled(signal, program, events)
+        return _labelled(signal.to(home), program, events)
 
 
 def _labelled(signal, program, events: PackedDescription) -> SimulationResult:

@@ -49,6 +49,9 @@ def function_form(cls, name: str, required: tuple, optional: tuple, *, renames: 
         diff = given.pop("diff", None)
         differentiated = {diff} if isinstance(diff, str) else set(diff or ())
         values = {}
+        for key in differentiated:  # a default counts as given when it is differentiated
+            if key in defaults and key not in given and defaults[key] is not None:
+                given[key] = defaults[key]
         for key, value in given.items():
             if value is None or (key in defaults and value is defaults[key] and key not in differentiated):
                 continue

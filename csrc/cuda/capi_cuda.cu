@@ -35,11 +35,11 @@ const Args& float32_args(const void* args) {
 
 template <class N, class S>
 int64_t vjp_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {
-  return bs::vjp_scratch_bytes<N, S>(bs::make_problem<float>(pg, ts, nullptr, tb, nullptr), ts.num_voxels);
+  return bs::vjp_scratch_bytes<N, S>(bs::make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels);
 }
 template <class N, class S>
 int64_t forward_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {
-  return bs::forward_scratch_bytes<N, S>(bs::make_problem<float>(pg, ts, nullptr, tb, nullptr), ts.num_voxels);
+  return bs::forward_scratch_bytes<N, S>(bs::make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels);
 }
 }  // namespace
 

@@ -2,7 +2,7 @@
 #include "passes.cuh"
 
 void bs::cuda_forward(const bs_epg_forward_args& a) {
-  const auto pb = make_problem<float>(a.program, a.tissue, nullptr, a.tables, nullptr);
+  const auto pb = make_problem<float>(a.program, a.tissue, nullptr, a.tables, nullptr, false);
   const auto io = sample_io<float>(a.signal, nullptr, 0, nullptr, nullptr);
   auto stream = static_cast<cudaStream_t>(a.stream);
   if (a.program.path == BS_PATH_REAL)

@@ -26,7 +26,7 @@ void cuda_vjp_jvp(const bs_epg_vjp_jvp_args& a);
 template <int P>
 void cuda_jvp(const bs_epg_jvp_args& a) {
   using N = Dual<float, P>;
-  const auto pb = make_problem<float>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent);
+  const auto pb = make_problem<float>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent, false);
   const int64_t V = a.tissue.num_voxels;
   const auto io = sample_io<N>(a.signal, a.signal_tangent, V * pb.S, nullptr, nullptr);
   auto stream = static_cast<cudaStream_t>(a.stream);

@@ -12,8 +12,10 @@
 namespace bs {
 
 template <class R>
+// `host_arrays`: the program's int arrays are host memory and are checked here; the CUDA build passes
+// device arrays (false), which the engine's compiler has already checked.
 Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tangents* tg, const bs_tables& tb,
-                        const bs_tables* tb_tan) {
+                        const bs_tables* tb_tan, bool host_arrays = true) {
   Problem<R> pb;
   pb.E = pg.num_events;
   pb.reps = pg.num_repetitions;
@@ -65,8 +67,9 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
   pb.offres = ts.data[BS_B0_HZ] != nullptr;
   if (pg.path == BS_PATH_REAL && (pb.offres || moving || ts.data[BS_B1_PHASE_RAD]))
     throw std::invalid_argument("the real path cannot take B0, B1phase or v: compile for the complex path");
-  for (int64_t e = 0; e < pb.E; ++e)
-    if (pb.record[e] >= pb.S) throw std::invalid_argument("record slot out of range");
+  if (host_arrays)
+    for (int64_t e = 0; e < pb.E; ++e)
+      if (pb.record[e] >= pb.S) throw std::invalid_argument("record slot out of range");
   pb.nt = pg.num_transverse_pools;
   pb.nl = pg.num_longitudinal_pools;
   pb.tabulated = pg.tabulated != 0;
@@ -80,9 +83,10 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
     pb.wrap_interval = pg.wrap_interval;
     if (!pb.interval || !tb.L || !tb.r || !tb.T || !tb.zeq || (pb.nl > pb.nt && !tb.sat))
       throw std::invalid_argument("a tabulated layout needs its interval rows and tables L, r, T, zeq (and sat)");
-    for (int64_t e = 0; e < pb.E; ++e)
-      if ((pb.action[e] & BS_INTERVAL) && (pb.interval[e] < 0 || pb.interval[e] >= pb.num_intervals))
-        throw std::invalid_argument("interval row out of range");
+    if (host_arrays)
+      for (int64_t e = 0; e < pb.E; ++e)
+        if ((pb.action[e] & BS_INTERVAL) && (pb.interval[e] < 0 || pb.interval[e] >= pb.num_intervals))
+          throw std::invalid_argument("interval row out of range");
     Input<R>* tables[5] = {&pb.table_L, &pb.table_r, &pb.table_T, &pb.table_zeq, &pb.table_sat};
     const void* data[5] = {tb.L, tb.r, tb.T, tb.zeq, tb.sat};
     const void* tans[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};

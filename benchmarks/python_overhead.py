@@ -1,0 +1,131 @@
+"""The Python layer's cost over the kernels (API.md 3.4, DESIGN.md section 2), on `MRFSimulator` with 500 flips.
+
+Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepared buffers; the bare
+`kernels.forward` is reported too):
+
+* first call: the first call of a 500-flip structure, which walks the layout and compiles it (the
+  process has made one call of another structure first, so one-time imports and torch warm-up are
+  not counted; the very first call of the process is reported separately). Target: < 50 ms over the run.
+* resolving call: the second call of the structure, which fits the affine value map (reported only).
+* value-only call: later calls with new flip values, same shapes. Target: < 200 us over the run.
+
+Also the compile alone (`engine.compile_program` and `engine.bind.compile_fast`) and the layout walk.
+
+Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300]
+Writes benchmarks/results/python_overhead-<host>-<date>-<voxels>vox.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from blochsim import _native as nat
+from blochsim.engine import bind, compile_program, kernels
+from blochsim.engine.functions import EpgSimulate
+from blochsim.simulators import MRFSimulator
+
+FLIPS = 500
+
+
+def flips(n: int, shift: float = 0.0) -> torch.Tensor:
+    half = n // 2
+    return torch.cat([torch.linspace(5, 60, half), torch.linspace(60, 2, n - half)]) + shift
+
+
+def median_us(fn, repeats: int) -> float:
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--voxels", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=300)
+    args = parser.parse_args()
+    g = torch.Generator().manual_seed(0)
+    T1 = 300 + 2000 * torch.rand(args.voxels, generator=g)
+    T2 = 20 + 200 * torch.rand(args.voxels, generator=g)
+
+    start = time.perf_counter()
+    MRFSimulator(flip=flips(10), TR=10.0).simulate(T1=T1, T2=T2)  # the process's first call (another structure)
+    cold_ms = (time.perf_counter() - start) * 1e3
+
+    sim = MRFSimulator(TR=10.0)
+    start = time.perf_counter()
+    sim.simulate(flip=flips(FLIPS), T1=T1, T2=T2)
+    first_ms = (time.perf_counter() - start) * 1e3
+    start = time.perf_counter()
+    sim.simulate(flip=flips(FLIPS, 0.01), T1=T1, T2=T2)
+    resolving_ms = (time.perf_counter() - start) * 1e3
+    (entry,) = sim._cache.entries.values()
+    assert entry.state == "resolved" and entry.verified
+
+    # The kernel call alone, on the buffers a value-only call prepares.
+    values = entry.affine(flips(FLIPS).double(), torch.float64)
+    packed = bind.pack_fields({"t1_ms": T1, "t2_ms": T2})
+    static = bind._static(entry.program, packed.num_voxels, torch.float32, torch.device("cpu"))
+    event = tuple(v.to(torch.float32) for v in values)
+    inputs = event + packed.values + (None,) * len(nat.TABLES)
+    shifted = [flips(FLIPS, 1e-3 * i) for i in range(args.repeats)]
+    run_us = median_us(lambda i: EpgSimulate.apply(static, *inputs), args.repeats)
+    kernel_us = median_us(lambda i: kernels.forward(static, inputs), args.repeats)
+    call_us = median_us(lambda i: sim.simulate(flip=shifted[i], T1=T1, T2=T2), args.repeats)
+    unresolved = MRFSimulator(TR=10.0, resolve=False)
+    walk_ms = median_us(lambda i: unresolved.simulate(flip=shifted[i], T1=T1, T2=T2), 5) / 1e3
+
+    description = sim.describe(flip=flips(FLIPS))
+    layout_ms = median_us(lambda i: sim.describe(flip=shifted[i]), 5) / 1e3
+    compile_ms = median_us(lambda i: compile_program(description, states=10), 5) / 1e3
+    fast_ms = median_us(lambda i: bind.compile_fast(description, states=10), 5) / 1e3
+
+    result = {
+        "benchmark": "python_overhead",
+        "machine": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": kernels.num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "flips": FLIPS,
+        "voxels": args.voxels,
+        "first_call_of_process_ms": cold_ms,
+        "first_call_ms": first_ms,
+        "resolving_call_ms": resolving_ms,
+        "unresolved_call_ms": walk_ms,
+        "value_only_call_us": call_us,
+        "run_us": run_us,
+        "kernel_forward_us": kernel_us,
+        "first_call_overhead_ms": first_ms - run_us / 1e3,
+        "value_only_overhead_us": call_us - run_us,
+        "value_only_overhead_over_bare_kernel_us": call_us - kernel_us,
+        "layout_and_description_ms": layout_ms,
+        "compile_program_ms": compile_ms,
+        "compile_fast_ms": fast_ms,
+    }
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    name = f"python_overhead-{platform.node()}-{datetime.now(timezone.utc):%Y%m%d}-{args.voxels}vox.json"
+    (out / name).write_text(json.dumps(result, indent=2) + "\n")
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    print(f"targets: first call overhead < 50 ms: {result['first_call_overhead_ms'] < 50}; "
+          f"value-only overhead < 200 us: {result['value_only_overhead_us'] < 200}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
