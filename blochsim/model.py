@@ -255,9 +255,11 @@ class Simulator:
     `super().evaluate(...)`.
 
     Class attributes (a call may override the run settings): `model`, `states`, `repetitions`, `record`,
-    `execution`, `across_slice`, `crusher_dephasing_rad`, `voxel_size_m`, the handler slots, and
+    `execution`, `across_slice`, `crusher_dephasing_rad`, `voxel_size_m`, the handler slots,
     `structural` (protocol names passed to `layout` as given and keyed by value, e.g. `("nshots",)`;
-    Python ints, floats and strings always are).
+    Python ints, floats and strings always are) and [ours] `post_rotation_rad`: the engine's samples are
+    multiplied by `exp(i post_rotation_rad)` (MRF: pi/2, the +i of API.md 1.6), applied as an offset of
+    the ADC demodulation phases so it costs nothing per sample; `from_description` instances skip it.
     """
 
     model = SpinPhysics()
@@ -269,6 +271,7 @@ class Simulator:
     crusher_dephasing_rad = 0.0
     voxel_size_m = None
     structural: tuple = ()
+    post_rotation_rad = 0.0
 
     _event_train = False
     _protocol_names: tuple = ()
@@ -813,6 +816,15 @@ class Simulator:
             entry.state = "walk"
         return program, values, windings
 
+    def _rotated(self, program, args):
+        """`program` with `post_rotation_rad` taken off its ADC demodulation phases (not for stored streams)."""
+        rotation = self.post_rotation_rad
+        if not rotation or args is None:
+            return program
+        recording = torch.from_numpy((program.action & nat.RECORD) != 0)
+        program.phase_rad = program.phase_rad - rotation * recording.to(torch.float64)
+        return program
+
     def _layout_args(self, protocol: dict):
         """(layout kwargs, structure key parts, protocol leaf tensors) of a converted protocol."""
         args, key, leaves = {}, [], []
@@ -839,10 +851,10 @@ class Simulator:
             program = compile_fast(description, record=record, states=states or 1, complex_states=complex_states)
             if states is None:
                 program.num_states = max(8, min(64, 1 + (1 << 20) * windings(program)))
-            return program, windings(program)
+            return self._rotated(program, args), windings(program)
         program = compile_fast(description, repetitions=repetitions, record=record, states=states,
                                complex_states=complex_states)
-        return program, None
+        return self._rotated(program, args), None
 
     # -- from a description -----------------------------------------------------------------------
     @classmethod

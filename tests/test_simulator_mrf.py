@@ -43,7 +43,8 @@ def test_the_api_example():
     out = MRFSimulator(flip=[10, 20, 30], TR=10).simulate(T1=1000, T2=80)
     assert out.dtype == torch.complex64 and out.shape == (3,)
     assert torch.allclose(out.real, torch.tensor([-0.1736, -0.3301, -0.4404]), atol=5e-5)
-    assert float(out.imag.abs().max()) == 0.0  # real: the raw value times +i
+    # Real: the raw value times +i, applied as a demodulation phase, so real up to float32 rounding of pi/2.
+    assert float(out.imag.abs().max()) <= 1e-7
 
 
 def test_against_the_oracle():

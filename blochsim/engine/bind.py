@@ -488,11 +488,20 @@ def needs_complex(fields: dict) -> bool:
 
 
 # -- kernel calls -----------------------------------------------------------------------------------
+def _structure_on(program, device: torch.device) -> tuple:
+    """The program's action and record arrays as int32 tensors on `device`, made once per device."""
+    cached = program.__dict__.setdefault("_structure_on", {})
+    if device not in cached:
+        cached[device] = (torch.from_numpy(program.action).to(device), torch.from_numpy(program.record).to(device))
+    return cached[device]
+
+
 def _static(program, num_voxels: int, dtype: torch.dtype, device: torch.device,
             checkpoint_stride: int = 4) -> K.Static:
+    action, record = _structure_on(program, device)
     return K.Static(
-        action=torch.from_numpy(program.action),
-        record=torch.from_numpy(program.record),
+        action=action,
+        record=record,
         num_repetitions=program.num_repetitions,
         num_samples=program.num_samples,
         num_states=program.num_states,

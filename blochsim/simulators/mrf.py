@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..model import UNBALANCED, Simulator, SpinPhysics
@@ -39,6 +41,7 @@ class MRFSimulator(Simulator):
     model = SpinPhysics(properties={"T1": "t1_ms", "T2": "t2_ms", "M0": "m0", "B1": "b1",
                                     "inv_efficiency": "inversion_efficiency"}, operators=UNBALANCED)
     states = 10
+    post_rotation_rad = math.pi / 2  # x +i, as a demodulation phase offset (free per sample)
 
     def layout(self, *, flip, TR, TI=0.0, phases=0.0):
         flips = _per_tr("flip", torch.deg2rad(flip) if isinstance(flip, torch.Tensor) else flip * torch.pi / 180,
@@ -51,8 +54,6 @@ class MRFSimulator(Simulator):
             ops.append(self.operators.excitation(a, p) @ self.operators.readout(p, duration_s=tr))
         return ops
 
-    def evaluate(self, properties, **sequence):
-        return super().evaluate(properties, **sequence) * 1j
 
 
 mrf_sim = function_form(

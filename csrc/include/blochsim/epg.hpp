@@ -159,6 +159,7 @@ struct Planes {
 
 template <class S>
 BS_HD void copy_planes(Planes<S> dst, Planes<S> src, int64_t K) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     dst.p[k] = src.p[k];
     dst.m[k] = src.m[k];
@@ -167,18 +168,22 @@ BS_HD void copy_planes(Planes<S> dst, Planes<S> src, int64_t K) {
 }
 template <class S>
 BS_HD void equilibrium(Planes<S> x, int64_t K) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) x.p[k] = x.m[k] = x.z[k] = S(0);
   x.z[0] = S(1);
 }
 template <class S>
 BS_HD void zero_planes(Planes<S> x, int64_t K) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) x.p[k] = x.m[k] = x.z[k] = S(0);
 }
 
 // ---- shift: F+(k) -> F+(k+1), F-(k) -> F-(k-1), new F+(0) = conj(new F-(0)) ---------------------------
 template <class S>
 BS_HD void shift(Planes<S> x, int64_t K) {
+  BS_UNROLL
   for (int64_t k = K - 1; k > 0; --k) x.p[k] = x.p[k - 1];
+  BS_UNROLL
   for (int64_t k = 0; k < K - 1; ++k) x.m[k] = x.m[k + 1];
   x.m[K - 1] = S(0);
   x.p[0] = conj(x.m[0]);
@@ -186,8 +191,10 @@ BS_HD void shift(Planes<S> x, int64_t K) {
 template <class S>
 BS_HD void shift_adjoint(Planes<S> l, int64_t K) {
   const S from_p0 = conj(l.p[0]);
+  BS_UNROLL
   for (int64_t k = 0; k < K - 1; ++k) l.p[k] = l.p[k + 1];
   l.p[K - 1] = S(0);
+  BS_UNROLL
   for (int64_t k = K - 1; k > 0; --k) l.m[k] = l.m[k - 1];
   l.m[0] = S(0);
   if (K > 1) l.m[1] += from_p0;
@@ -195,6 +202,7 @@ BS_HD void shift_adjoint(Planes<S> l, int64_t K) {
 
 template <class S>
 BS_HD void spoil(Planes<S> x, int64_t K) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) x.p[k] = x.m[k] = S(0);
 }
 
@@ -303,6 +311,7 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c) {
     ap = ap * c.w;
     am = am * c.w;
     az = az * c.w;
+    BS_UNROLL
     for (int64_t k = 0; k < K; ++k) {
       apply_factor(x.p[k], ap);
       apply_factor(x.m[k], am);
@@ -312,6 +321,7 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c) {
     return;
   }
   Cx<N> az0;
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     Cx<N> ap, am, az;
     order_factors(c, k, ap, am, az);
@@ -373,6 +383,7 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     Cx<N> ap, am, az;
     order_factors(c, 0, ap, am, az);
     S sp = S(0), sm = S(0), sz = S(0);
+    BS_UNROLL
     for (int64_t k = 0; k < K; ++k) {
       sp += conj(l.p[k]) * x.p[k];
       sm += conj(l.m[k]) * x.m[k];
@@ -383,12 +394,14 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     QM = am * as_cx(sm);
     QZ = az * as_cx(sz);
     const Cx<N> wp = ap * c.w, wm = am * c.w, wz = az * c.w;
+    BS_UNROLL
     for (int64_t k = 0; k < K; ++k) {
       l.p[k] = factor_adjoint(l.p[k], wp);
       l.m[k] = factor_adjoint(l.m[k], wm);
       l.z[k] = factor_adjoint(l.z[k], wz);
     }
   } else {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     Cx<N> ap, am, az;
     order_factors(c, k, ap, am, az);
@@ -422,10 +435,12 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
 // ---- RF: inversion and rotation -------------------------------------------------------------------------
 template <class S, class N>
 BS_HD void invert(Planes<S> x, int64_t K, const N& eta) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) x.z[k] = x.z[k] * (-eta);
 }
 template <class S, class N>
 BS_HD void invert_adjoint(Planes<S> l, Planes<S> x, int64_t K, const N& eta, N& g_eta) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     g_eta += -re_dot(as_cx(l.z[k]), as_cx(x.z[k]));
     l.z[k] = l.z[k] * (-eta);
@@ -456,6 +471,7 @@ BS_HD Rotation<N> make_rotation(const N& alpha, const N& phi, bool complex_path)
 
 template <class N>
 BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<N>& r) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const Cx<N> P = x.p[k], M = x.m[k], Z = x.z[k];
     x.p[k] = P * r.c2 + r.e2 * (M * r.s2) - mul_i(r.e1 * (Z * r.sa));
@@ -469,6 +485,7 @@ BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rot
                           N& g_phi) {
   using R = typename Num<N>::Real;
   const N half_ca = r.ca * R(0.5);
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const Cx<N> P = x.p[k], M = x.m[k], Z = x.z[k];
     const Cx<N> lP = l.p[k], lM = l.m[k], lZ = l.z[k];
@@ -492,6 +509,7 @@ BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rot
 // Real path: f, g, z with F+ = -i f, F- = i g in the frame of the common pulse axis.
 template <class N>
 BS_HD void rotate(Planes<N> x, int64_t K, const Rotation<N>& r) {
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const N f = x.p[k], g = x.m[k], z = x.z[k];
     x.p[k] = r.c2 * f - r.s2 * g + r.sa * z;
@@ -503,6 +521,7 @@ template <class N>
 BS_HD void rotate_adjoint(Planes<N> l, Planes<N> x, int64_t K, const Rotation<N>& r, N& g_alpha, N&) {
   using R = typename Num<N>::Real;
   const N half_ca = r.ca * R(0.5);
+  BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const N f = x.p[k], g = x.m[k], z = x.z[k];
     const N lf = l.p[k], lg = l.m[k], lz = l.z[k];

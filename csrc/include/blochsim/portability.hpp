@@ -3,6 +3,10 @@
 
 #if defined(__CUDACC__)
 #define BS_HD __host__ __device__ __forceinline__
+// Loops over EPG orders unroll fully where the device kernel fixes the order count at compile time,
+// so a voxel's states stay in registers; elsewhere the hint is harmless.
+#define BS_UNROLL _Pragma("unroll")
 #else
 #define BS_HD inline __attribute__((always_inline))
+#define BS_UNROLL
 #endif

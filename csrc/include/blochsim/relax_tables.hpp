@@ -35,11 +35,13 @@ struct State {
 template <class S>
 BS_HD void copy_state(State<S> dst, State<S> src) {
   const int64_t n = src.planes() * src.K;
+  BS_UNROLL
   for (int64_t i = 0; i < n; ++i) dst.base[i] = src.base[i];
 }
 template <class S>
 BS_HD void zero_state(State<S> x) {
   const int64_t n = x.planes() * x.K;
+  BS_UNROLL
   for (int64_t i = 0; i < n; ++i) x.base[i] = S(0);
 }
 
@@ -89,6 +91,7 @@ BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interv
   const int nt = x.nt, nl = x.nl;
   Tables<N> tb;
   load_tables(pb, v, d, tb);
+  BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     Cx<N> ap, am, az;
     order_factors(c, k, ap, am, az);
@@ -136,6 +139,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
   Tables<N> tb;
   load_tables(pb, v, d, tb);
   IntervalSums<N> q;
+  BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     Cx<N> ap, am, az;
     order_factors(c, k, ap, am, az);
@@ -216,6 +220,7 @@ template <class N, class S>
 BS_HD void saturate(State<S> x, const N& alpha, const N& sat) {
   const N e = exp(alpha * alpha * sat);
   for (int q = x.nt; q < x.nl; ++q)
+    BS_UNROLL
     for (int64_t k = 0; k < x.K; ++k) x.z(q)[k] = x.z(q)[k] * e;
 }
 // x: before saturation. Adds d/d alpha and d/d sat.
@@ -225,6 +230,7 @@ BS_HD void saturate_adjoint(State<S> l, State<S> x, const N& alpha, const N& sat
   const N e = exp(alpha * alpha * sat);
   N dot = N(0);
   for (int q = x.nt; q < x.nl; ++q)
+    BS_UNROLL
     for (int64_t k = 0; k < x.K; ++k) {
       dot += re_dot(as_cx(l.z(q)[k]), as_cx(x.z(q)[k]));
       l.z(q)[k] = l.z(q)[k] * e;
