@@ -23,6 +23,10 @@ from blochsim.simulators import MRFSimulator, mrf_sim
 
 F64 = torch.float64
 
+# Forward mode (the oracle's Jacobians, closed forms, pool tables) loads torch's forward-mode decompositions,
+# which script with torch.jit: a deprecation warning of torch's, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 
 def rel(actual, expected) -> float:
     actual = torch.as_tensor(actual).detach().to(torch.complex128)

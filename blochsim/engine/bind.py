@@ -23,14 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
 from ..sequence.events import AdcRole, EventType, RfUse
 from ..sequence.tissue import IDENTITY, TissueProperties
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
-from .program import Program
+from .program import Program, differentiated
+from .simulate import _tangents as engine_tangents
 from .simulate import bind as engine_bind
 from .tissue import broadcast_shapes
 
@@ -106,7 +106,7 @@ def compile_fast(description, *, repetitions: int = 1, record: str = "all", stat
                                             float(definition.saturation(rf_raster_time_s=raster)))
                 scale, extra, sat = constants[params[0]]
                 amplitude, phase, freq = params[2], params[3], params[4]
-                phase_grad = phase_grad or isinstance(phase, torch.Tensor) and phase.requires_grad
+                phase_grad = phase_grad or differentiated(phase)
         elif kind is _ADC:
             params = event.params
             phase = params[1]
@@ -138,7 +138,7 @@ def compile_fast(description, *, repetitions: int = 1, record: str = "all", stat
         states = max(8, min(64, 1 + repetitions * _count_windings(action)))
     nonzero = (dt_s.detach() != 0).numpy()
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
-    action[nonzero | dt_s.requires_grad] |= nat.INTERVAL
+    action[nonzero | differentiated(dt_s)] |= nat.INTERVAL
 
     flip_rad = _vector(amplitudes) * torch.tensor(scales, dtype=torch.float64)
     phase_rad = _vector(phases)
@@ -555,22 +555,7 @@ def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: t
     static, inputs, voxel_shape = engine_bind(program, tissue, dtype, lineshape=lineshape, active=jacobian)
     if not jacobian:
         return EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (S,)), None
-    columns = []  # the tangent of every kernel input along each field, by forward mode through the binding
-    for field in jacobian:
-        value = fields[field]
-        base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
-        with fwAD.dual_level():
-            dual = fwAD.make_dual(base, torch.ones_like(base))
-            _, dual_inputs, _ = engine_bind(program, dataclasses.replace(tissue, **{field: dual}), dtype,
-                                            lineshape=lineshape, active=jacobian)
-            columns.append([None if x is None else fwAD.unpack_dual(x).tangent for x in dual_inputs])
-    tangents = []
-    for i, x in enumerate(inputs):
-        parts = [c[i] for c in columns]
-        if x is None or all(t is None for t in parts):
-            tangents.append(None)
-        else:
-            tangents.append(torch.stack([torch.zeros_like(x) if t is None else t.to(x.dtype) for t in parts]))
+    tangents = engine_tangents(program, tissue, dtype, inputs, jacobian, lineshape=lineshape)
     signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
     return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
 

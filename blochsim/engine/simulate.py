@@ -143,15 +143,38 @@ def jacobian(
         description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
         checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields,
     )
+    tangents = _tangents(program, tissue, dtype, inputs, fields, checkpoint_stride=checkpoint_stride,
+                         lineshape=lineshape)
+    signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
+    S = program.num_samples
+    return signal.reshape(voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(voxel_shape + (len(fields), S))
+
+
+def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
+    """Per kernel input, its tangents [P, *shape] along the P fields (None where all are zero).
+
+    A field the kernels read directly (T1, T2, B0, ...) has a one-hot tangent on its own buffer. A pool
+    property reaches the kernels through the pool tables, whose tangents come from forward-mode autograd
+    through the table construction (the only place forward mode is used).
+    """
+    direct = {name: K.NUM_EVENT_INPUTS + i for i, name in enumerate(nat.TISSUE_PARAMS)}
     columns = []
     for name in fields:
-        value = getattr(tissue, name)
-        base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
-        with fwAD.dual_level():
-            dual = fwAD.make_dual(base, torch.ones_like(base))
-            _, dual_inputs, _ = bind(program, dataclasses.replace(tissue, **{name: dual}), dtype,
-                                     checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields)
-            columns.append([None if x is None else fwAD.unpack_dual(x).tangent for x in dual_inputs])
+        column = [None] * len(inputs)
+        index = direct.get(name)
+        if index is not None:
+            column[index] = torch.ones_like(inputs[index])
+        if index is None or inputs[K.TABLE_START] is not None:
+            value = getattr(tissue, name)
+            base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(base, torch.ones_like(base))
+                _, dual_inputs, _ = bind(program, dataclasses.replace(tissue, **{name: dual}), dtype,
+                                         active=fields, **bind_kwargs)
+                for i in range(K.TABLE_START, len(inputs)):
+                    if dual_inputs[i] is not None:
+                        column[i] = fwAD.unpack_dual(dual_inputs[i]).tangent
+        columns.append(column)
     tangents = []
     for i, x in enumerate(inputs):
         parts = [c[i] for c in columns]
@@ -159,6 +182,4 @@ def jacobian(
             tangents.append(None)
         else:
             tangents.append(torch.stack([torch.zeros_like(x) if t is None else t.to(x.dtype) for t in parts]))
-    signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
-    S = program.num_samples
-    return signal.reshape(voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(voxel_shape + (len(fields), S))
+    return tangents
