@@ -145,9 +145,13 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", help="case names (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="only the smallest size of each case")
+    parser.add_argument("--n", type=int, nargs="*", help="tissue counts to run every named case at")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     cases = [c for c in DEFAULT_CASES if not args.cases or c[0] in args.cases]
+    if args.n:
+        names = args.cases or sorted({name for name, _ in DEFAULT_CASES})
+        cases = [(name, n) for name in names for n in args.n]
     if args.quick:
         smallest = {}
         for name, n in cases:
@@ -175,6 +179,8 @@ def main() -> None:
         print(f"FP32 floor of epg_real at 1e6 tissues: {floor:.2f} ms (measured SGEMM rate {tflops:.1f} TFLOP/s)")
     args.out.mkdir(parents=True, exist_ok=True)
     tag = card.replace(" ", "_").replace("/", "_")
+    if device.type != "cuda":
+        tag += f"-{torch.get_num_threads()}threads"
     path = args.out / f"kernel_cases-{tag}-{record['date'][:10]}.json"
     path.write_text(json.dumps(record, indent=2))
     print(f"wrote {path}")

@@ -12,13 +12,14 @@ Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepar
 Also the compile alone (`engine.compile_program` and `engine.bind.compile_fast`) and the layout walk.
 
 Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300]
-Writes benchmarks/results/python_overhead-<host>-<date>-<voxels>vox.json and prints a table.
+Writes benchmarks/results/python_overhead-<host><cpus>cpu-<date>-<voxels>vox.json and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -39,6 +40,16 @@ FLIPS = 500
 def flips(n: int, shift: float = 0.0) -> torch.Tensor:
     half = n // 2
     return torch.cat([torch.linspace(5, 60, half), torch.linspace(60, 2, n - half)]) + shift
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def median_us(fn, repeats: int) -> float:
@@ -99,7 +110,9 @@ def main() -> int:
     result = {
         "benchmark": "python_overhead",
         "machine": platform.node(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "threads": kernels.num_threads(),
@@ -124,7 +137,8 @@ def main() -> int:
     }
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
-    name = f"python_overhead-{platform.node()}-{datetime.now(timezone.utc):%Y%m%d}-{args.voxels}vox.json"
+    host = f"{platform.node()}{os.cpu_count()}cpu"
+    name = f"python_overhead-{host}-{datetime.now(timezone.utc):%Y%m%d}-{args.voxels}vox.json"
     (out / name).write_text(json.dumps(result, indent=2) + "\n")
     width = max(len(k) for k in result)
     for key, value in result.items():

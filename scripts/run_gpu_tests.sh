@@ -5,16 +5,21 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/blochsim-gpu}
 mkdir -p "$out"
-jobs=$(nproc)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
-      -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-ninja -C build/gpu -j "$jobs" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
-export BLOCHSIM_CPU_LIBRARY=$PWD/build/gpu/libblochsim_cpu.so
-export BLOCHSIM_CUDA_LIBRARY=$PWD/build/gpu/libblochsim_cuda.so
+# PREBUILT=dir: use libblochsim_cpu.so and libblochsim_cuda.so built elsewhere (carried with the call).
+if [ -n "${PREBUILT:-}" ]; then
+  libs=$PWD/$PREBUILT
+else
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
+        -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+  ninja -C build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+  libs=$PWD/build/gpu
+fi
+export BLOCHSIM_CPU_LIBRARY=$libs/libblochsim_cpu.so
+export BLOCHSIM_CUDA_LIBRARY=$libs/libblochsim_cuda.so
 export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
+python3 -X faulthandler -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
 if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     BLOCHSIM_SANITIZER_CASE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -22,4 +27,7 @@ if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/$tool.log") clean summaries)"
     grep -E "ERROR SUMMARY" "$out/$tool.log" | sort | uniq -c | head -3
   done
+fi
+if [ -n "${BENCH:-}" ]; then
+  python3 benchmarks/kernel_cases.py --device cuda $BENCH --out "$out" 2>&1 | tail -30
 fi

@@ -299,6 +299,20 @@ def test_bind_to_describe():
         MRFSimulator.from_description(d).describe(flip=[1.0])
 
 
+def test_repetition_s_sets_the_repetition():
+    class Padded(OneTR):
+        model = SpinPhysics(operators=SPOILED)
+
+        def repetition_s(self, played_s, *, TR, **protocol):
+            return played_s + 0.1  # 100 ms of recovery after the layout
+
+    sim = Padded(flip=30.0, TR=5.0)
+    assert math.isclose(float(sim.describe().tr_duration_us), 105000.0)
+    two = sim.simulate(T1=1000.0, T2=80.0, repetitions=2)
+    expected = play(sim.describe(), TissueProperties(t1_ms=1000.0, t2_ms=80.0), states=8, repetitions=2).signal
+    assert rel(two, expected) < 1e-5
+
+
 def test_pulse_replaces_definition_zero():
     pulse = blochsim.rf_definition(np.hanning(64), dwell_s=1e-5)
     d = MRFSimulator(flip=[10.0], TR=10.0, pulse=pulse).describe()
@@ -422,6 +436,20 @@ def test_steady_state_against_many_repetitions(name, operators, extra):
     assert rel(auto, explicit64) < 1e-6
     # Against the float32 engine, 5000 playings accumulate ~5e-6 of rounding themselves.
     assert rel(auto, sim.simulate(T1=t1, T2=t2, repetitions=5000, **extra)) < 1e-5
+
+
+def test_wynn_removes_geometric_modes():
+    from blochsim.engine.steady import wynn
+
+    n = torch.arange(1, 8, dtype=F64)
+    c = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    modes = (0.5 + 0.1j) * (0.9 + 0.2j) ** n - 0.3 * (-0.5) ** n + 0.2 * 0.6**n  # three modes: 7 terms suffice
+    limit, dlimit, _ = wynn(c + modes, torch.ones(1, 7, dtype=torch.complex128))
+    assert abs(complex(limit.detach()) - 2.0) < 1e-12 and abs(complex(dlimit[0].detach()) - 1.0) < 1e-9
+    (grad,) = torch.autograd.grad(limit.real, c)
+    assert abs(float(grad) - 1.0) < 1e-9
+    converged, _, _ = wynn(torch.full((9,), 3.0, dtype=F64))  # no differences: no division by zero
+    assert float(converged) == 3.0
 
 
 def test_steady_state_is_differentiable():

@@ -5,13 +5,13 @@ A compiled `Program` is a structure (action bits, sample slots, path, orders) pl
 tensors; the event structure depends only on structural arguments, and the values are, for every
 shipped layout, affine in the protocol (flips enter through `deg2rad`, durations through sums and
 differences of timestamps). `AffineValues` records that map once, `values = A p + b` with a sparse `A`
-found by reverse-mode autograd, and later calls evaluate it with three torch ops instead of walking the
-layout and compiling again; gradients still reach the protocol tensors through `p`.
+found by autograd through one walk of the layout, and later calls evaluate it with three torch ops
+instead of walking the layout and compiling again; gradients still reach the protocol tensors through `p`.
 
-`pack_fields` packs free-water tissue (pool model 0) with at most one host sync, and `run` calls the
-kernels' autograd Functions directly; tissue with pools or T2prime goes through the engine's own
-`engine.simulate.bind`. `unroll` lays n playings of a program end to end, each recorded, for the
-steady-state extrapolation of `blochsim.engine.steady`.
+`compile_fast` is `engine.compile_program` at a fraction of the cost. `pack_fields` packs free-water
+tissue (pool model 0) with at most one host sync, and `run` calls the kernels' autograd Functions
+directly; tissue with pools or T2prime goes through the engine's own `engine.simulate.bind`. `unroll`
+lays playings of a program end to end, for the steady-state extrapolation of `blochsim.engine.steady`.
 """
 
 from __future__ import annotations
@@ -245,14 +245,13 @@ def _sparse_jacobian(block: torch.Tensor, leaves: list, max_entries: int):
     if not pairs:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=block.dtype)
 
+    offsets, start = {}, 0
+    for x in leaves:
+        offsets[id(x)] = start
+        start += x.numel()
+
     def jvp(v: torch.Tensor) -> torch.Tensor:
-        parts, start = [], 0
-        offsets = {}
-        for x in leaves:
-            offsets[id(x)] = start
-            start += x.numel()
-        for g, x in pairs:
-            parts.append((g * v[offsets[id(x)]:offsets[id(x)] + x.numel()]).sum())
+        parts = [(g * v[offsets[id(x)]:offsets[id(x)] + x.numel()]).sum() for g, x in pairs]
         (out,) = torch.autograd.grad(torch.stack(parts).sum(), u, retain_graph=True, allow_unused=True)
         return torch.zeros(R, dtype=block.dtype) if out is None else out.detach()
 

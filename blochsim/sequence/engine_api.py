@@ -15,9 +15,9 @@ import torch
 
 from .._arrays import to_tensor
 from .._errors import check_device
+from ..engine.bind import compile_fast, pack_fields, run, unroll, values_of
 from ..engine.bind import needs_complex as _needs_complex
-from ..engine.bind import pack_fields, run, unroll, values_of
-from ..engine.program import compile_program, default_states, shifts_per_repetition
+from ..engine.program import default_states, shifts_per_repetition
 from ..engine.steady import simulate_steady
 from .description import SequenceDescription
 from .tissue import TissueProperties
@@ -68,8 +68,8 @@ class PackedDescription:
             elif self.record_every:
                 reps = 1  # every playing is laid out and recorded by `unroll`
                 states = states if states is not None else default_states(self.description, self.repetitions)
-            self._programs[complex_states] = compile_program(self.description, repetitions=reps, record=self.record,
-                                                             states=states, complex_states=complex_states)
+            self._programs[complex_states] = compile_fast(self.description, repetitions=reps, record=self.record,
+                                                          states=states, complex_states=complex_states)
         return self._programs[complex_states]
 
 

@@ -13,17 +13,19 @@ inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-// The compile-time order count a launch uses: 32 (states in registers) for pool model 0, else 0.
-template <class R>
+// The compile-time order count a launch uses: 32 (states in registers) for pool model 0 at a real number
+// type, else 0 (run-time K, states in device scratch). Dual types are not specialised: unrolled, their
+// kernels take ptxas minutes and spill anyway.
+template <class N, class R>
 inline int registers_layout(const Problem<R>& pb) {
-  return !pb.tabulated && pb.K == 32 ? 32 : 0;
+  return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
 }
 
 inline int64_t blocks_for(int64_t V) { return (V + kThreadsPerBlock - 1) / kThreadsPerBlock; }
 
 template <class N, class S, class R>
 inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return registers_layout(pb) ? 0 : int64_t(sizeof(S)) * V * 3 * state_size(pb);
+  return registers_layout<N>(pb) ? 0 : int64_t(sizeof(S)) * V * 3 * state_size(pb);
 }
 
 template <class N, class S, class R>
@@ -32,7 +34,7 @@ inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
   int64_t sizes[5];
   table_sizes(pb, sizes);
   const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout(pb) > 0);
+  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   const int64_t states = (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
   return states + int64_t(sizeof(N)) * padded * table_total;
 }
@@ -43,10 +45,14 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
   if (V == 0) return;
   if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(kThreadsPerBlock);
-  if (registers_layout(pb) == 32)
-    forward_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, static_cast<S*>(scratch));
-  else
-    forward_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, static_cast<S*>(scratch));
+  if constexpr (Num<N>::P == 0) {
+    if (registers_layout<N>(pb) == 32) {
+      forward_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, static_cast<S*>(scratch));
+      check_cuda(cudaGetLastError(), "forward kernel launch");
+      return;
+    }
+  }
+  forward_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, static_cast<S*>(scratch));
   check_cuda(cudaGetLastError(), "forward kernel launch");
 }
 
@@ -89,15 +95,20 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
   table_sizes(pb, sizes);
   const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
   const int64_t padded = blocks_for(V) * kThreadsPerBlock;
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout(pb) > 0);
+  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   const int64_t states = (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
   S* state_scratch = static_cast<S*>(scratch);
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + states);
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(kThreadsPerBlock);
-  if (registers_layout(pb) == 32)
-    vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total);
-  else
-    vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total);
+  if constexpr (Num<N>::P == 0) {
+    if (registers_layout<N>(pb) == 32) {
+      vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch,
+                                                       table_total);
+      check_cuda(cudaGetLastError(), "adjoint kernel launch");
+      return;
+    }
+  }
+  vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total);
   check_cuda(cudaGetLastError(), "adjoint kernel launch");
 }
 
