@@ -347,7 +347,9 @@ def test_jacobian_does_not_load_forward_mode_decompositions():
     """DESIGN.md section 4: structural derivatives of the package's bookkeeping are taken in reverse mode, "so a
     simulation never makes PyTorch register its forward-mode decompositions". Checked in a fresh process, for
     free water; tissue with pools takes its table tangents in forward mode (docs/design.md)."""
-    root = Path(__file__).resolve().parents[1]
+    import blochsim
+
+    root = Path(blochsim.__file__).resolve().parents[1]  # the blochsim this test imports (installed or not)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env,
                           timeout=120, check=True)

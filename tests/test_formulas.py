@@ -12,10 +12,7 @@ E = 1). Numeric references state beside each test how far their iteration conver
 from __future__ import annotations
 
 import cmath
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,20 +20,9 @@ import torch
 from scipy.integrate import quad
 from scipy.linalg import expm
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    import blochsim.simulators._formulas as F
-    from blochsim.simulators.diffusion_tensor import TENSOR
-    from blochsim.simulators.fat_spectra import FAT_SPECTRA
-except ImportError:  # pragma: no cover - the simulators package is assembled concurrently
-    spec = importlib.util.spec_from_file_location(
-        "blochsim.simulators._formulas", ROOT / "blochsim/simulators/_formulas/__init__.py"
-    )
-    F = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = F
-    spec.loader.exec_module(F)
-    from blochsim.simulators.diffusion_tensor import TENSOR
-    from blochsim.simulators.fat_spectra import FAT_SPECTRA
+import blochsim.simulators._formulas as F
+from blochsim.simulators.diffusion_tensor import TENSOR
+from blochsim.simulators.fat_spectra import FAT_SPECTRA
 
 F64 = torch.float64
 DEG = math.pi / 180.0
