@@ -3,16 +3,22 @@
 // It exports the same bs_* C ABI as csrc/cuda/capi_cuda.cu and does what csrc/cuda/epg_launch.cuh does:
 // unpack the ABI structs, size scratch, launch on the caller's stream. The kernels come from the fatbin that
 // scripts/build_cu12_fatbin.py built with NVRTC from the same device headers; it is embedded below, loaded
-// once with cudaLibraryLoadData, and each kernel is found by its lowered name (cu12_kernels.h) and
-// launched with cudaLaunchKernel. The launch logic is a copy of epg_launch.cuh (nvcc's <<<>>> cannot be
-// compiled by g++): keep the two in step; tests/test_cuda.py holds either build to the host library.
+// once with the driver's cuLibraryLoadData, and each kernel is found by its lowered name (cu12_kernels.h)
+// and launched with cuLaunchKernel. The driver API, not cudaLibrary*/cudaLaunchKernel: those runtime
+// entry points only exist from CUDA 12.8, and torch's cu126 wheels bring a 12.6 runtime; the driver calls
+// exist from CUDA 12.0 (R525). libcuda is opened at first launch, not linked, so the library loads (and
+// reports its ABI) on machines without a driver. The launch logic is a copy of epg_launch.cuh (g++ cannot
+// compile nvcc's <<<>>>): keep the two in step; tests/test_cuda.py holds either build to the host library.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <exception>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "blochsim/unpack.hpp"
 #include "cu12_kernels.h"
@@ -67,34 +73,85 @@ std::string kernel_name(const char* kernel, int kc) {
          std::to_string(kc) + ", float>";
 }
 
-cudaKernel_t find_kernel(const std::string& expression) {
+#define BS12_STR2(x) #x
+#define BS12_STR(x) BS12_STR2(x)  // the symbol cuda.h maps a name to (e.g. a _v2 version)
+
+// The driver entry points used, from libcuda.so.1, and the embedded library loaded into it.
+struct Driver {
+  decltype(&::cuGetErrorString) get_error_string = nullptr;
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuLibraryLoadData) library_load_data = nullptr;
+  decltype(&::cuLibraryGetKernel) library_get_kernel = nullptr;
+  decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  CUlibrary library = nullptr;
+
+  void check(CUresult status, const std::string& what) const {
+    if (status == CUDA_SUCCESS) return;
+    const char* message = nullptr;
+    get_error_string(status, &message);
+    throw std::runtime_error(what + ": " + (message ? message : "CUDA driver error " + std::to_string(status)));
+  }
+
+  Driver() {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) throw std::runtime_error(std::string("cannot open the NVIDIA driver (libcuda.so.1): ") + dlerror());
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+      if (!fn)
+        throw std::runtime_error(std::string("the NVIDIA driver lacks ") + name +
+                                 ": blochsim-cuda12 needs driver R525 or newer");
+    };
+    sym(get_error_string, BS12_STR(cuGetErrorString));
+    sym(ctx_get_current, BS12_STR(cuCtxGetCurrent));
+    sym(library_load_data, BS12_STR(cuLibraryLoadData));
+    sym(library_get_kernel, BS12_STR(cuLibraryGetKernel));
+    sym(launch_kernel, BS12_STR(cuLaunchKernel));
+    check(library_load_data(&library, bs12_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0),
+          "loading the blochsim CUDA 12 kernels (machine code for sm_75, sm_80 and sm_90, PTX for compute_90)");
+  }
+};
+
+const Driver& driver() {
+  static const Driver d;  // a failure throws, and the next call tries again
+  return d;
+}
+
+CUfunction find_kernel(const Driver& d, const std::string& expression) {
   static std::mutex mutex;
-  static cudaLibrary_t library = nullptr;
-  static std::map<std::string, cudaKernel_t> kernels;
+  static std::map<std::string, CUkernel> kernels;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!library)
-    check_cuda(cudaLibraryLoadData(&library, bs12_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0),
-               "loading the blochsim CUDA 12 kernels (machine code for sm_75, sm_80, sm_90; the NVIDIA driver "
-               "must be R525 or newer)");
   auto it = kernels.find(expression);
-  if (it != kernels.end()) return it->second;
+  if (it != kernels.end()) return reinterpret_cast<CUfunction>(it->second);
   const char* lowered = nullptr;
   for (const auto& row : kKernelNames)
     if (expression == row[0]) lowered = row[1];
   if (!lowered) throw std::logic_error("kernel " + expression + " is not in the fatbin (scripts/build_cu12_fatbin.py)");
-  cudaKernel_t kernel = nullptr;
-  check_cuda(cudaLibraryGetKernel(&kernel, library, lowered), "finding kernel " + expression);
+  CUkernel kernel = nullptr;
+  d.check(d.library_get_kernel(&kernel, d.library, lowered), "finding kernel " + expression);
   kernels.emplace(expression, kernel);
-  return kernel;
+  return reinterpret_cast<CUfunction>(kernel);  // a CUkernel launches as a CUfunction (cuLaunchKernel)
 }
 
 template <class... A>
 void launch(const std::string& expression, int64_t V, cudaStream_t stream, A... args) {
+  const Driver& d = driver();
+  const CUfunction kernel = find_kernel(d, expression);
+  // A CUkernel runs in the stream's context, or for the null stream in the thread's current one: make
+  // sure the runtime has bound its (torch's) primary context to this thread, as <<<>>> would.
+  if (!stream) {
+    CUcontext ctx = nullptr;
+    d.ctx_get_current(&ctx);
+    if (!ctx) {
+      int device = 0;
+      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+      check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    }
+  }
   void* params[] = {static_cast<void*>(&args)...};
-  const dim3 grid(static_cast<unsigned>((V + kThreadsPerBlock - 1) / kThreadsPerBlock)), block(kThreadsPerBlock);
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(find_kernel(expression)), grid, block, params, 0,
-                              stream),
-             "kernel launch " + expression);
+  const unsigned blocks = static_cast<unsigned>((V + kThreadsPerBlock - 1) / kThreadsPerBlock);
+  d.check(d.launch_kernel(kernel, blocks, 1, 1, kThreadsPerBlock, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                          params, nullptr),
+          "kernel launch " + expression);
 }
 
 // ---- as csrc/cuda/epg_device.cuh and epg_launch.cuh ----------------------------------------------------

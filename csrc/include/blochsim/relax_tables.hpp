@@ -139,6 +139,13 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
   Tables<N> tb;
   load_tables(pb, v, d, tb);
   IntervalSums<N> q;
+  // Table cotangents of this interval, summed over orders here and added to tg once.
+  N gL[kMaxPools][kMaxPools];
+  Cx<N> gT[kMaxPools][kMaxPools];
+  for (int a = 0; a < nl; ++a)
+    for (int j = 0; j < nl; ++j) gL[a][j] = N(0);
+  for (int p = 0; p < nt; ++p)
+    for (int j = 0; j < nt; ++j) gT[p][j] = Cx<N>();
   BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     Cx<N> ap, am, az;
@@ -167,7 +174,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
       if (c.flow) q.QZf += qz * N(kk);
     }
     for (int a = 0; a < nl; ++a) {
-      for (int j = 0; j < nl; ++j) tg.L[(d * nl + a) * nl + j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
+      for (int j = 0; j < nl; ++j) gL[a][j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
       if (k == 0) tg.r[d * nl + a] += re(ly[a]);
     }
     for (int j = 0; j < nl; ++j) {
@@ -200,7 +207,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
     }
     for (int p = 0; p < nt; ++p)
       for (int j = 0; j < nt; ++j)
-        tg.T[(d * nt + p) * nt + j] +=
+        gT[p][j] +=
             conj(as_cx(x.fp(j)[k])) * as_cx(lyp[p]) + conj(as_cx(lym[p])) * as_cx(x.fm(j)[k]);
     for (int j = 0; j < nt; ++j) {
       S accp = S(0), accm = S(0);
@@ -212,6 +219,10 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
       l.fm(j)[k] = accm;
     }
   }
+  for (int a = 0; a < nl; ++a)
+    for (int j = 0; j < nl; ++j) tg.L[(d * nl + a) * nl + j] += gL[a][j];
+  for (int p = 0; p < nt; ++p)
+    for (int j = 0; j < nt; ++j) tg.T[(d * nt + p) * nt + j] += gT[p][j];
   interval_grads(c, t, q, g, g_dt);
 }
 
