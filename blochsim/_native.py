@@ -277,26 +277,44 @@ def cuda_library():
         raise CudaBuildMismatch(f"torch uses CUDA {torch.version.cuda}: blochsim has CUDA builds for majors "
                                 f"{sorted(CUDA_PACKAGES)} only. {_install_line()}")
     module, extra, driver = CUDA_PACKAGES[major]
+    install = f'pip install "blochsim[{extra}]=={__version__}" (NVIDIA driver {driver})'
     try:
         package = importlib.import_module(module)
     except ImportError:
-        others = [m for k, (m, _, _) in CUDA_PACKAGES.items() if k != major and importlib.util.find_spec(m)]
+        others = [m for k, (m, _, _) in CUDA_PACKAGES.items() if k != major and _installed(m)]
         found = f" (found {', '.join(others)}, built for another CUDA major)" if others else ""
         raise CudaBuildMismatch(
-            f"torch uses CUDA {torch.version.cuda} (major {major}) and no {module} is installed{found}: "
-            f'pip install "blochsim[{extra}]=={__version__}" (NVIDIA driver {driver})'
+            f"torch uses CUDA {torch.version.cuda} (major {major}) and no {module} is installed{found}: {install}"
         ) from None
+    built_for = getattr(package, "CUDA_MAJOR", major)
+    if built_for != major:
+        raise CudaBuildMismatch(f"{module} says it was built for CUDA {built_for}, but torch uses CUDA "
+                                f"{torch.version.cuda}: {install}")
     built = getattr(package, "__version__", "unknown")
     if built != __version__:
         raise CudaBuildMismatch(
             f"{module} {built} is installed, but this is blochsim {__version__}: both must come from one "
-            f'release: pip install "blochsim[{extra}]=={__version__}" (NVIDIA driver {driver})'
+            f"release: {install}"
         )
+    library = getattr(package, "LIBRARY", None) or Path(package.__file__).resolve().parent / "libblochsim_cuda.so"
     try:
-        _cuda = load_library(Path(package.__file__).resolve().parent / "libblochsim_cuda.so")
+        _cuda = load_library(Path(library))
     except NativeLibraryError as exc:
-        raise CudaBuildMismatch(f"{exc}; reinstall: pip install \"blochsim[{extra}]=={__version__}\"") from exc
+        raise CudaBuildMismatch(f"{exc}; reinstall: {install}") from exc
     return _cuda
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` is imported or importable (find_spec raises for a module set to None in sys.modules)."""
+    import importlib.util
+    import sys
+
+    if sys.modules.get(module) is not None:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def check_status(lib, status: int, entry: str) -> None:

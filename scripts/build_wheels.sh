@@ -30,5 +30,9 @@ for t in "${targets[@]}"; do
   python3 -m pip wheel --no-deps --disable-pip-version-check -w "$dist" "$src"
   echo "== $t: built in $((SECONDS - start)) s" >&2
 done
+# cuobjdump lists the CUDA wheels' architectures; PyPI has it (any 13.x reads CUDA 12 fatbins too).
+if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ] && [ ! -x .whl/tools/nvidia/cu13/bin/cuobjdump ]; then
+  python3 -m pip install -q --no-deps --target .whl/tools "nvidia-cuda-cuobjdump>=13"
+fi
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' blochsim/_version.py)
 python3 scripts/check_wheel.py "$dist"/blochsim*-"$version"-*.whl

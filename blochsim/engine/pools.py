@@ -54,10 +54,10 @@ def pool_model(tissue) -> PoolModel:
     return PoolModel(letters, _present(tissue.bound_fraction))
 
 
-def _f64(value) -> torch.Tensor:
+def _f64(value, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        return value.to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
+        return value.to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
 
 
 def _rate(t_ms: torch.Tensor) -> torch.Tensor:
@@ -97,40 +97,42 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
     if lineshape not in LINESHAPES:
         raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
     fields = {}
+    device = next((v.device for _, v in tissue.items() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    f64 = dict(dtype=torch.float64, device=device)
 
     def get(name):
         if name not in fields:
-            fields[name] = _f64(getattr(tissue, name))
+            fields[name] = _f64(getattr(tissue, name), device)
         return fields[name]
 
     f_pools = [get(f"pool_{x}_fraction") for x in model.letters]
     k_pools = [get(f"pool_{x}_exchange_hz") for x in model.letters]
     r1 = [_rate(get("t1_ms"))] + [_rate(get(f"t1_pool_{x}_ms")) for x in model.letters]
     r2 = [_rate(get("t2_ms"))] + [_rate(get(f"t2_pool_{x}_ms")) for x in model.letters]
-    shift = [torch.zeros(())] + [get(f"pool_{x}_shift_hz") for x in model.letters]
+    shift = [torch.zeros((), **f64)] + [get(f"pool_{x}_shift_hz") for x in model.letters]
     if model.semisolid:
         f_pools.append(get("bound_fraction"))
         k_pools.append(get("bound_exchange_hz"))
         r1.append(_rate(get("t1_bound_ms")))
-    f_free = 1.0 - sum(f_pools) if f_pools else torch.ones(())
+    f_free = 1.0 - sum(f_pools) if f_pools else torch.ones((), **f64)
     b0 = get("b0_hz")
     nl, nt = model.num_longitudinal, model.num_transverse
     shape = torch.broadcast_shapes(*[t.shape for t in fields.values()]) if fields else ()
-    full = lambda t: torch.as_tensor(t, dtype=torch.float64).expand(shape)  # noqa: E731
+    full = lambda t: torch.as_tensor(t, **f64).expand(shape)  # noqa: E731
 
     # Longitudinal generator A (*V, nl, nl) and transverse C (*V, nt, nt).
-    A = torch.zeros(shape + (nl, nl), dtype=torch.float64)
-    C = torch.zeros(shape + (nt, nt), dtype=torch.complex128)
+    A = torch.zeros(shape + (nl, nl), **f64)
+    C = torch.zeros(shape + (nt, nt), dtype=torch.complex128, device=device)
     A = A + torch.diag_embed(torch.stack([-full(r) for r in r1], -1))
     C = C + torch.diag_embed(torch.stack(
         [-full(r2[p]) - 2j * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
-    X = torch.zeros(shape + (nl, nl), dtype=torch.float64)
+    X = torch.zeros(shape + (nl, nl), **f64)
     for p in range(1, nl):
         kf = full(k_pools[p - 1] * f_pools[p - 1])  # free -> p
         kb = full(k_pools[p - 1] * f_free)  # p -> free
-        E = torch.zeros(nl, nl, dtype=torch.float64)
+        E = torch.zeros(nl, nl, **f64)
         E[0, 0], E[p, 0] = -1.0, 1.0
-        Eb = torch.zeros(nl, nl, dtype=torch.float64)
+        Eb = torch.zeros(nl, nl, **f64)
         Eb[p, p], Eb[0, p] = -1.0, 1.0
         X = X + kf[..., None, None] * E + kb[..., None, None] * Eb
     A = A + X
@@ -146,7 +148,7 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
         return t.expand(tuple(voxel_shape) + tail).reshape((V,) + tail)
 
     A, C, zeq = voxels(A, (nl, nl)), voxels(C, (nt, nt)), voxels(zeq, (nl,))
-    dt = lengths_s.to(torch.float64)[None, :, None, None]
+    dt = lengths_s.to(**f64)[None, :, None, None]
     L = expm(A[:, None] * dt)
     T = expm(C[:, None] * dt.to(torch.complex128))
     r = zeq[:, None, :] - (L @ zeq[:, None, :, None])[..., 0]
@@ -158,11 +160,11 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
             t2b, b0v = t2b.reshape(1), b0.reshape(1)
         else:
             t2b, b0v = voxels(full(t2b), ()), voxels(full(b0), ())
-        s_const = torch.as_tensor(sat_per_rad2, dtype=torch.float64)
+        s_const = torch.as_tensor(sat_per_rad2, **f64)
         rows = torch.nonzero(s_const != 0).reshape(-1)  # RF events that saturate
-        offsets = torch.as_tensor(rf_hz, dtype=torch.float64)[None, rows] - b0v[:, None]
+        offsets = torch.as_tensor(rf_hz, **f64)[None, rows] - b0v[:, None]
         g = _lineshape(lineshape, offsets, t2b[:, None].expand_as(offsets))
-        sat = torch.zeros((offsets.shape[0], s_const.numel()), dtype=torch.float64)
+        sat = torch.zeros((offsets.shape[0], s_const.numel()), **f64)
         sat = sat.index_copy(1, rows, s_const[rows] * g)
     return L, r, T, zeq, sat
 
@@ -199,7 +201,7 @@ def _lineshape(name: str, offsets: torch.Tensor, t2b_ms: torch.Tensor) -> torch.
     evaluated once per distinct pair."""
     if name != "super-lorentzian":
         return absorption_lineshape(name, offsets, t2b_ms)
-    pairs = torch.stack([offsets.detach().reshape(-1), t2b_ms.detach().reshape(-1)], -1)
+    pairs = torch.stack([offsets.detach().reshape(-1), t2b_ms.detach().reshape(-1)], -1).cpu()
     unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)
     values = absorption_lineshape(name, unique[:, 0], unique[:, 1])
-    return values[inverse].reshape(offsets.shape)
+    return values[inverse].reshape(offsets.shape).to(offsets.device)

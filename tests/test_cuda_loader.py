@@ -1,0 +1,127 @@
+"""The CUDA loader (`blochsim._native.cuda_library`) without a GPU.
+
+torch's CUDA version is mocked (`torch.version.cuda`) and the per-major packages are faked in `sys.modules`,
+so every refusal is checked on the CPU: no CUDA torch, an unsupported major, a missing package (with and
+without the other major's package installed), a package built for another major or from another release,
+and a broken library. A fake package whose library is a copy of the host library (it exports the same
+bs_* ABI and release) shows the package is chosen by torch's major and loaded.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import blochsim
+from blochsim import _native
+from blochsim._errors import CudaBuildMismatch
+
+V = blochsim.__version__
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """Set torch's CUDA version; no blochsim CUDA package is importable until `fake_package` adds one."""
+    monkeypatch.delenv("BLOCHSIM_CUDA_LIBRARY", raising=False)
+    monkeypatch.setattr(_native, "_cuda", None)
+    for module in ("blochsim_cuda12", "blochsim_cuda13"):
+        monkeypatch.setitem(sys.modules, module, None)  # None: `import` raises ImportError
+
+    def set_version(version):
+        monkeypatch.setattr(torch.version, "cuda", version)
+
+    return set_version
+
+
+@pytest.fixture
+def fake_package(monkeypatch, tmp_path):
+    def make(major: int, version: str = V, library: Path | None = None, cuda_major: int | None = None):
+        folder = tmp_path / f"blochsim_cuda{major}"
+        folder.mkdir(exist_ok=True)
+        if library is None:  # the host library speaks the same ABI and release
+            library = folder / "libblochsim_cuda.so"
+            shutil.copy(_native.cpu_library()._name, library)
+        module = types.ModuleType(f"blochsim_cuda{major}")
+        module.__file__ = str(folder / "__init__.py")
+        module.__version__ = version
+        module.CUDA_MAJOR = major if cuda_major is None else cuda_major
+        module.LIBRARY = library
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        return module
+
+    return make
+
+
+def test_mismatch_is_an_import_error():
+    assert issubclass(CudaBuildMismatch, ImportError)
+
+
+def test_torch_without_cuda_says_how_to_get_the_gpu_build(cuda):
+    cuda(None)
+    with pytest.raises(RuntimeError, match=r"built without CUDA.*blochsim\[cu12\].*blochsim\[cu13\]"):
+        _native.cuda_library()
+
+
+def test_unsupported_major_names_both_extras(cuda):
+    cuda("11.8")
+    with pytest.raises(CudaBuildMismatch, match=rf'CUDA 11.8.*pip install "blochsim\[cu12\]=={V}".*\[cu13\]'):
+        _native.cuda_library()
+
+
+@pytest.mark.parametrize("version,extra,driver", [("13.0", "cu13", "R580"), ("12.6", "cu12", "R525")])
+def test_missing_package_names_the_extra_and_driver(cuda, version, extra, driver):
+    cuda(version)
+    with pytest.raises(CudaBuildMismatch, match=rf'no blochsim_{extra.replace("cu", "cuda")} is installed: '
+                                                rf'pip install "blochsim\[{extra}\]=={V}" \(NVIDIA driver {driver}'):
+        _native.cuda_library()
+
+
+def test_package_for_the_other_major_is_refused(cuda, fake_package):
+    fake_package(13)
+    cuda("12.4")
+    with pytest.raises(CudaBuildMismatch, match=rf'found blochsim_cuda13, built for another CUDA major.*'
+                                                rf'"blochsim\[cu12\]=={V}"'):
+        _native.cuda_library()
+
+
+def test_package_that_says_another_major_is_refused(cuda, fake_package):
+    fake_package(13, cuda_major=12)
+    cuda("13.0")
+    with pytest.raises(CudaBuildMismatch, match=rf'built for CUDA 12, but torch uses CUDA 13.0.*\[cu13\]=={V}'):
+        _native.cuda_library()
+
+
+def test_package_from_another_release_is_refused(cuda, fake_package):
+    fake_package(13, version="0.0.1")
+    cuda("13.0")
+    with pytest.raises(CudaBuildMismatch, match=rf'blochsim_cuda13 0.0.1 is installed, but this is blochsim {V}.*'
+                                                rf'pip install "blochsim\[cu13\]=={V}"'):
+        _native.cuda_library()
+
+
+def test_broken_library_is_refused_with_the_reinstall_line(cuda, fake_package, tmp_path):
+    fake_package(13, library=tmp_path / "missing.so")
+    cuda("13.0")
+    with pytest.raises(CudaBuildMismatch, match=rf'cannot load.*reinstall: pip install "blochsim\[cu13\]=={V}"'):
+        _native.cuda_library()
+
+
+@pytest.mark.parametrize("version,chosen", [("12.6", 12), ("13.0", 13), ("13.2", 13)])
+def test_the_package_of_torchs_major_is_loaded(cuda, fake_package, version, chosen):
+    packages = {major: fake_package(major) for major in (12, 13)}
+    cuda(version)
+    lib = _native.cuda_library()
+    assert Path(lib._name) == packages[chosen].LIBRARY
+    assert lib.bs_abi_version() == _native.ABI_VERSION
+    assert _native.cuda_library() is lib  # loaded once
+
+
+def test_development_build_overrides_the_packages(cuda, monkeypatch):
+    cuda("13.0")
+    monkeypatch.setenv("BLOCHSIM_CUDA_LIBRARY", _native.cpu_library()._name)
+    assert _native.cuda_library().bs_version().decode() == V
