@@ -58,6 +58,14 @@ def read_metadata(whl: zipfile.ZipFile) -> tuple[dict, email.message.Message]:
     return {"tags": wheel.get_all("Tag"), "purelib": wheel["Root-Is-Purelib"]}, meta
 
 
+def requirement(text: str) -> tuple[str, frozenset, str]:
+    """(name, specifiers, marker) of a Requires-Dist line, normalised (metadata reorders specifiers)."""
+    spec, _, marker = text.partition(";")
+    m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(.*)", spec)
+    name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+    return name, frozenset(s.replace(" ", "") for s in m.group(2).split(",") if s.strip()), marker.replace(" ", "")
+
+
 def readelf(lib: Path) -> tuple[list[str], list[str], list[str]]:
     out = subprocess.run(["readelf", "-dW", str(lib)], capture_output=True, text=True, check=True).stdout
     needed = re.findall(r"\(NEEDED\).*\[(.*)\]", out)
@@ -183,8 +191,9 @@ def check_wheel(path: Path, args, cuobjdump: str | None) -> tuple[str, str, list
                       f"libcudart resolved through the rpath into the runtime wheel ({', '.join(mapped)})")
     shutil.rmtree(site, ignore_errors=True)
     if name != "blochsim":
-        check(f"blochsim=={version}" in requires, f"pins blochsim=={version}")
-        check(CUDA[name][1] in requires, f"depends on {CUDA[name][1]}")
+        have = {requirement(r) for r in requires}
+        check(requirement(f"blochsim=={version}") in have, f"pins blochsim=={version}")
+        check(requirement(CUDA[name][1]) in have, f"depends on {CUDA[name][1]}")
     return name, version, requires
 
 
@@ -203,8 +212,10 @@ def main(argv=None) -> int:
     check(len(versions) == 1, f"one release across the wheels ({', '.join(sorted(versions))})")
     if "blochsim" in seen:
         version, requires = seen["blochsim"]
+        have = {requirement(r) for r in requires}
         for extra, package in (("cu12", "blochsim-cuda12"), ("cu13", "blochsim-cuda13")):
-            check(f'{package}=={version}; extra == "{extra}"' in requires, f"blochsim[{extra}] -> {package}=={version}")
+            check(requirement(f'{package}=={version}; extra == "{extra}"') in have,
+                  f"blochsim[{extra}] -> {package}=={version}")
     print(f"{len(args.wheels)} wheels: {'all checks passed' if not failures else f'{len(failures)} checks FAILED'}")
     return 1 if failures else 0
 

@@ -7,7 +7,9 @@
 
 namespace bs {
 
-constexpr int kThreadsPerBlock = 128;
+// Threads per block: 128, or 32 when there are too few voxels to give every multiprocessor several
+// blocks of 128 (a thread per voxel leaves small problems latency-bound; smaller blocks spread them).
+inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
@@ -21,7 +23,8 @@ inline int registers_layout(const Problem<R>& pb) {
   return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
 }
 
-inline int64_t blocks_for(int64_t V) { return (V + kThreadsPerBlock - 1) / kThreadsPerBlock; }
+inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
+inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
 
 template <class N, class S, class R>
 inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
@@ -30,7 +33,7 @@ inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
 
 template <class N, class S, class R>
 inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  const int64_t padded = blocks_for(V) * kThreadsPerBlock;
+  const int64_t padded = padded_voxels(V);
   int64_t sizes[5];
   table_sizes(pb, sizes);
   const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
@@ -44,7 +47,7 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
                     cudaStream_t stream) {
   if (V == 0) return;
   if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
-  const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(kThreadsPerBlock);
+  const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {
     if (registers_layout<N>(pb) == 32) {
       forward_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, static_cast<S*>(scratch));
@@ -94,12 +97,12 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
   int64_t sizes[5];
   table_sizes(pb, sizes);
   const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-  const int64_t padded = blocks_for(V) * kThreadsPerBlock;
+  const int64_t padded = padded_voxels(V);
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   const int64_t states = (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
   S* state_scratch = static_cast<S*>(scratch);
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + states);
-  const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(kThreadsPerBlock);
+  const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {
     if (registers_layout<N>(pb) == 32) {
       vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch,

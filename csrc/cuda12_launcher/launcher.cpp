@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -83,6 +84,7 @@ struct Driver {
   decltype(&::cuLibraryLoadData) library_load_data = nullptr;
   decltype(&::cuLibraryGetKernel) library_get_kernel = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&::cuKernelGetParamInfo) kernel_get_param_info = nullptr;  // R550+; null on older drivers
   CUlibrary library = nullptr;
 
   void check(CUresult status, const std::string& what) const {
@@ -106,6 +108,8 @@ struct Driver {
     sym(library_load_data, BS12_STR(cuLibraryLoadData));
     sym(library_get_kernel, BS12_STR(cuLibraryGetKernel));
     sym(launch_kernel, BS12_STR(cuLaunchKernel));
+    kernel_get_param_info =
+        reinterpret_cast<decltype(kernel_get_param_info)>(dlsym(handle, BS12_STR(cuKernelGetParamInfo)));
     check(library_load_data(&library, bs12_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0),
           "loading the blochsim CUDA 12 kernels (machine code for sm_75, sm_80 and sm_90, PTX for compute_90)");
   }
@@ -116,7 +120,9 @@ const Driver& driver() {
   return d;
 }
 
-CUfunction find_kernel(const Driver& d, const std::string& expression) {
+// The kernel of `expression`; on its first use, where the driver can tell, its parameter sizes are held to
+// the arguments' (`sizes`): params.hpp and the copied launch logic must pass what the device code takes.
+CUfunction find_kernel(const Driver& d, const std::string& expression, std::initializer_list<size_t> sizes) {
   static std::mutex mutex;
   static std::map<std::string, CUkernel> kernels;
   std::lock_guard<std::mutex> lock(mutex);
@@ -128,6 +134,15 @@ CUfunction find_kernel(const Driver& d, const std::string& expression) {
   if (!lowered) throw std::logic_error("kernel " + expression + " is not in the fatbin (scripts/build_cu12_fatbin.py)");
   CUkernel kernel = nullptr;
   d.check(d.library_get_kernel(&kernel, d.library, lowered), "finding kernel " + expression);
+  if (d.kernel_get_param_info) {
+    size_t i = 0, offset = 0, size = 0;
+    for (size_t want : sizes) {
+      if (d.kernel_get_param_info(kernel, i, &offset, &size) == CUDA_SUCCESS && size != want)
+        throw std::logic_error(expression + ": parameter " + std::to_string(i) + " is " + std::to_string(size) +
+                               " bytes in the fatbin, the launcher passes " + std::to_string(want));
+      ++i;
+    }
+  }
   kernels.emplace(expression, kernel);
   return reinterpret_cast<CUfunction>(kernel);  // a CUkernel launches as a CUfunction (cuLaunchKernel)
 }
@@ -135,7 +150,7 @@ CUfunction find_kernel(const Driver& d, const std::string& expression) {
 template <class... A>
 void launch(const std::string& expression, int64_t V, cudaStream_t stream, A... args) {
   const Driver& d = driver();
-  const CUfunction kernel = find_kernel(d, expression);
+  const CUfunction kernel = find_kernel(d, expression, {sizeof(A)...});
   // A CUkernel runs in the stream's context, or for the null stream in the thread's current one: make
   // sure the runtime has bound its (torch's) primary context to this thread, as <<<>>> would.
   if (!stream) {

@@ -1,0 +1,120 @@
+"""Shared plumbing of the closed-form simulators (API.md 5.2): names, placement and the sample-axis rule.
+
+A closed form subclasses `ClosedForm`, declares its tissue names in `model`, and implements
+`evaluate(self, properties, *, <protocol>, device=None)` by calling `arrange` (which checks and lays out
+the inputs), one function of `_formulas`, and `finish` (which returns the result to the tissue's device).
+
+Shapes (API.md 1.4): the tissue properties broadcast against each other into `voxel_shape`; the protocol
+arrays broadcast against each other into the sample shape, which is appended after the voxel shape, so
+the result has shape `(*voxel_shape, *sample_shape)` and a scalar protocol gives no sample axis. `arrange`
+achieves this by giving every tissue tensor as many trailing singleton axes as the sample shape has, which
+is the layout the `_formulas` functions expect. Dtypes follow the formulas: the promoted dtype of the
+inputs (float32 for Python numbers, float64 as soon as one input is float64).
+
+Placement (API.md 1.3): work runs on `device=` when given, else where the tissue tensors are (the first
+one off the CPU decides); the result returns to the tissue tensors' device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from .._errors import missing_property
+from ..engine.bind import broadcast_error
+from ..model import UNITS, Simulator
+from ._formulas._common import check_times
+
+__all__ = ["ClosedForm", "Arranged"]
+
+#: Tissue times checked before the tissue is laid out, so that a bad-voxel index is the caller's index.
+_TISSUE_TIMES = ("T1", "T2", "T2star", "fat_T1", "fat_T2star", "T1_blood", "ATT")
+
+#: Units of the closed-form tissue names that `model.UNITS` does not list (for "needs 'CBF' (...)").
+_UNITS = {"CBF": "ml/100 g/min", "partition": "ml/g", "B1": "fraction of nominal flip", "M0": "a.u.",
+          **{name: "um^2/ms" for name in ("Dxx", "Dyy", "Dzz", "Dxy", "Dxz", "Dyz")}}
+
+
+class Arranged:
+    """The inputs of one closed-form call, laid out for a `_formulas` function.
+
+    `tissue`: the properties given, each with `len(sample_shape)` trailing singleton axes, on `device`.
+    `protocol`: the protocol values, tensors moved to `device` (numbers, strings, bools unchanged).
+    `voxel_shape`, `sample_shape`: tuples. `home`: the device the result returns to.
+    """
+
+    __slots__ = ("tissue", "protocol", "voxel_shape", "sample_shape", "device", "home")
+
+    def __init__(self, tissue, protocol, voxel_shape, sample_shape, device, home):
+        self.tissue, self.protocol = tissue, protocol
+        self.voxel_shape, self.sample_shape = voxel_shape, sample_shape
+        self.device, self.home = device, home
+
+    def finish(self, signal: torch.Tensor, sample_shape: tuple | None = None) -> torch.Tensor:
+        """`signal` broadcast to `(*voxel_shape, *sample_shape)` and returned to the home device.
+
+        `sample_shape` defaults to the one the protocol arrays gave (MOLLI and MP2RAGE build their own).
+        The broadcast is a no-op unless a given property did not enter the formula.
+        """
+        samples = self.sample_shape if sample_shape is None else tuple(sample_shape)
+        target = torch.broadcast_shapes(signal.shape, (*self.voxel_shape, *samples))
+        if tuple(signal.shape) != tuple(target):
+            signal = signal.expand(target)
+        return signal if signal.device == self.home else signal.to(self.home)
+
+
+class ClosedForm(Simulator):
+    """Base of the shipped closed forms: a `Simulator` whose subclasses implement `evaluate`.
+
+    It adds to the base class the check of the required protocol with the message of API.md 10 (the
+    base class checks it for event trains only) and the helper `arrange`.
+    """
+
+    def _sequence(self, protocol: dict, settings: dict) -> dict:
+        self._check_required(protocol)  # "SPGRSimulator needs 'TE' (ms): give it in the call, ..."
+        return super()._sequence(protocol, settings)
+
+    def arrange(self, properties: Mapping, protocol: Mapping, *, required: Iterable[str] = (),
+                sample_names: Iterable[str] | None = None, sample_shape: tuple | None = None,
+                device=None) -> Arranged:
+        """Check and lay out one call's inputs (see the module docstring).
+
+        `required`: tissue names that must be given (TypeError naming the three places to give them).
+        `sample_names`: the protocol names whose array shapes make the sample shape (default: every
+        tensor in `protocol`); `sample_shape` gives it outright instead. `device`: the run setting.
+        """
+        simulator = type(self).__name__
+        for name in required:
+            if name not in properties:
+                raise missing_property(name, simulator, UNITS.get(name, _UNITS.get(name)))
+        check_times(**{name: properties[name] for name in _TISSUE_TIMES if name in properties})
+        shapes = {name: tuple(value.shape) for name, value in properties.items()}
+        try:
+            voxel_shape = tuple(torch.broadcast_shapes(*shapes.values())) if shapes else ()
+        except RuntimeError:
+            raise broadcast_error(shapes) from None
+
+        home = None
+        for value in properties.values():
+            if home is None or value.device.type != "cpu":
+                home = value.device
+        if home is None:
+            home = next((v.device for v in protocol.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        work = torch.device(device) if device is not None else home
+
+        if sample_shape is None:
+            names = protocol if sample_names is None else tuple(sample_names)
+            arrays = {name: tuple(protocol[name].shape) for name in names
+                      if isinstance(protocol.get(name), torch.Tensor)}
+            try:
+                sample_shape = tuple(torch.broadcast_shapes(*arrays.values())) if arrays else ()
+            except RuntimeError:
+                given = ", ".join(f"{name} {shape}" for name, shape in arrays.items())
+                raise ValueError(f"{simulator}: the protocol arrays must broadcast against each other (NumPy "
+                                 f"rules), their broadcast is the sample axis; got {given}") from None
+        trailing = (1,) * len(sample_shape)
+        tissue = {name: value.to(work).reshape(tuple(value.shape) + trailing) for name, value in properties.items()}
+        moved = {name: value.to(work) if isinstance(value, torch.Tensor) else value
+                 for name, value in protocol.items()}
+        return Arranged(tissue, moved, voxel_shape, tuple(sample_shape), work, home)

@@ -1,0 +1,88 @@
+"""Mixins of the shipped event trains: a loop over trains, and the RF definition of sampled pulses.
+
+`TrainLoop`
+    The engine takes one train per run (a protocol value with a leading train axis raises
+    NotImplementedError there). A simulator whose protocol may hold several trains (FSE with a
+    `(trains, ETL)` flip or an array `TR`; CEST with one simulation per offset) says how to split it in
+    `trains(protocol)`, and the mixin runs the engine once per train and joins the results: stacked
+    first (`train_axis = 0`, API.md 1.4) or concatenated along the samples (`train_axis = -1`).
+    `simulate` and reverse mode go through `evaluate`; `jacobian` loops over `Simulator.jacobian`, so
+    each engine run serves one forward-mode pass. Per-train post-processing goes in `evaluate_train`.
+
+`SampledPulses`
+    Pulses played sample by sample need definition 0 to be a rectangle one dwell long, for the
+    semisolid saturation to follow the waveform (`_waveforms.sampled_definition`). The mixin puts that
+    definition into every description the simulator composes (engine runs and `describe()` alike)
+    unless a `pulse=` is given, and only when `plays_sampled(args)` says the layout plays such pulses.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .._arrays import first_library, to_library, to_tensor
+from ..model import RUN_SETTINGS
+from ._layout import number
+from ._waveforms import sampled_definition
+
+__all__ = ["TrainLoop", "SampledPulses", "layout_default"]
+
+
+def layout_default(simulator, name: str):
+    """The default of `layout`'s keyword `name` (the value a protocol left unset takes)."""
+    return inspect.signature(type(simulator).layout).parameters[name].default
+
+
+class TrainLoop:
+    """Mixin (before `Simulator` in the bases): one engine run per train, joined (see the module doc)."""
+
+    train_axis = 0
+
+    def trains(self, protocol: dict) -> list[dict] | None:
+        """Per-train protocol overrides of a converted protocol, or None for a single train."""
+        return None
+
+    def evaluate_train(self, properties, **sequence):
+        """The result of one train; subclasses post-process `super().evaluate_train(...)` here."""
+        return super().evaluate(properties, **sequence)
+
+    def evaluate(self, properties, **sequence):
+        protocol = {name: value for name, value in sequence.items() if name not in RUN_SETTINGS}
+        parts = self.trains(protocol)
+        if parts is None:
+            return self.evaluate_train(properties, **sequence)
+        return self._join([self.evaluate_train(properties, **{**sequence, **part}) for part in parts])
+
+    def jacobian(self, diff, **values):
+        parts = self.trains(self.played(**values))
+        if parts is None:
+            return super().jacobian(diff, **values)
+        # The caller's library (API.md 1.3), decided before the per-train values replace the arrays.
+        library = first_library(values) or first_library(self.protocol, self.bound)
+        signals, jacobians = [], []
+        for part in parts:
+            signal, jac = super().jacobian(diff, **{**values, **part})
+            signals.append(to_tensor(signal))
+            jacobians.append(to_tensor(jac))
+        return to_library((self._join(signals), self._join(jacobians)), library)
+
+    def _join(self, results: list) -> torch.Tensor:
+        if self.train_axis == 0:
+            return torch.stack(results, 0)
+        return torch.cat(results, -1)
+
+
+class SampledPulses:
+    """Mixin (before `Simulator` in the bases): definition 0 is one dwell-long rectangle (module doc)."""
+
+    def plays_sampled(self, args: dict) -> bool:
+        """Whether the layout of `args` plays pulses sample by sample."""
+        return True
+
+    def _compose(self, args: dict, settings: dict):
+        if settings.get("pulse") is None and self.plays_sampled(args):
+            dwell = number("dwell", args.get("dwell", layout_default(self, "dwell")))
+            settings = {**settings, "pulse": sampled_definition(dwell)}
+        return super()._compose(args, settings)
