@@ -27,6 +27,7 @@ for f in base cu12 cu13 rt12; do
   [ -n "${!f}" ] || { echo "missing the $f wheel (carry dist and .whl)"; exit 2; }
 done
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+ldd --version | head -1  # wheels built on Debian 12 (not in manylinux_2_28) need glibc 2.36
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 status=0
 export CUDA_DISABLE_PTX_JIT=1

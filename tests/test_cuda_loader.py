@@ -4,11 +4,13 @@ torch's CUDA version is mocked (`torch.version.cuda`) and the per-major packages
 so every refusal is checked on the CPU: no CUDA torch, an unsupported major, a missing package (with and
 without the other major's package installed), a package built for another major or from another release,
 and a broken library. A fake package whose library is a copy of the host library (it exports the same
-bs_* ABI and release) shows the package is chosen by torch's major and loaded.
+bs_* ABI and release) shows the package is chosen by torch's major and loaded. Last, the CUDA 12 package's
+g++ launcher is held to the nvcc build's launch rules and kernel signatures, which it copies.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import types
@@ -125,3 +127,32 @@ def test_development_build_overrides_the_packages(cuda, monkeypatch):
     cuda("13.0")
     monkeypatch.setenv("BLOCHSIM_CUDA_LIBRARY", _native.cpu_library()._name)
     assert _native.cuda_library().bs_version().decode() == V
+
+
+# ---- the CUDA 12 launcher copies nvcc's launch rules (csrc/cuda12_launcher/launcher.cpp) ----------------
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+
+
+def _body(path: Path, function: str) -> str:
+    match = re.search(rf"\b{function}\([^)]*\)\s*\{{\s*return (.*?);\s*\}}", path.read_text(), re.S)
+    assert match, f"{function} not found in {path}"
+    return " ".join(match.group(1).split())
+
+
+@pytest.mark.parametrize("function,nvcc_file", [("threads_for", "cuda/epg_launch.cuh"),
+                                                ("registers_layout", "cuda/epg_launch.cuh"),
+                                                ("device_scratch_per_voxel", "cuda/epg_device.cuh")])
+def test_cu12_launcher_follows_the_nvcc_launch_rules(function, nvcc_file):
+    """g++ cannot compile epg_launch.cuh's <<<>>>, so the launcher copies its rules: they must not drift."""
+    assert _body(CSRC / "cuda12_launcher/launcher.cpp", function) == _body(CSRC / nvcc_file, function)
+
+
+def test_cu12_launcher_passes_the_kernels_parameters():
+    """The launcher builds these argument lists by hand (cuLaunchKernel): a changed signature needs it updated."""
+    text = " ".join((CSRC / "cuda/epg_device.cuh").read_text().split())
+    params = {name: re.search(rf"{name}\((.*?)\) \{{", text).group(1) for name in ("forward_kernel", "vjp_kernel")}
+    assert params == {
+        "forward_kernel": "const Problem<R> pb_in, int64_t V, SampleIO<N> io, S* scratch",
+        "vjp_kernel": "const Problem<R> pb_in, int64_t V, SampleIO<N> io, DeviceEventGrad<N> eg, GradOut<R> out, "
+                      "S* scratch, N* table_scratch, int64_t table_total",
+    }

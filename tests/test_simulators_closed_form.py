@@ -586,6 +586,17 @@ def test_numpy_in_numpy_out():
     assert isinstance(spgr, np.ndarray) and spgr.dtype == np.complex128
 
 
+def test_complex_m0_and_the_device_setting():
+    # MGRE's M0 is a complex scale (a receive phase); complex64 keeps the float32 computation.
+    sim = MultiGradientEchoSimulator(TE=[1.0, 2.0])
+    plain = sim.simulate(T2star=30.0)
+    scaled = sim.simulate(T2star=30.0, M0=torch.tensor(0.6 + 0.8j, dtype=torch.complex64))
+    assert scaled.dtype == torch.complex64 and rel(scaled, plain * (0.6 + 0.8j)) < 1e-6
+    with pytest.raises(ValueError, match="real float property"):
+        sim.jacobian("M0", T2star=30.0, M0=torch.tensor(0.6 + 0.8j))
+    assert spgr_sim([5.0, 10.0], 4.0, 10.0, 900.0, 40.0, device="cpu").device.type == "cpu"
+
+
 def test_bind_and_fixed_values():
     sim = SpinEchoSimulator(TR=1000.0, T2=80.0).bind(TE=[10.0, 20.0])
     assert dict(sim.protocol) == {"TR": 1000.0, "TE": [10.0, 20.0]} and dict(sim.bound) == {"T2": 80.0}

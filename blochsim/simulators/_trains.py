@@ -24,8 +24,9 @@ import torch
 
 from .._arrays import first_library, to_library, to_tensor
 from ..model import RUN_SETTINGS
-from ._layout import number
-from ._waveforms import sampled_definition
+from ..sequence.operators import Delay, SampledPulse, Spoil
+from ._layout import number, rad, seconds
+from ._waveforms import hyperbolic_secant, sampled_definition, sinc_pulse
 
 __all__ = ["TrainLoop", "SampledPulses", "layout_default"]
 
@@ -86,3 +87,29 @@ class SampledPulses:
             dwell = number("dwell", args.get("dwell", layout_default(self, "dwell")))
             settings = {**settings, "pulse": sampled_definition(dwell)}
         return super()._compose(args, settings)
+
+    def excitation_pulse(self, flip_rad, phase_rad, *, duration_ms: float, bandwidth_time: float, dwell_ms: float):
+        """An excitation of `duration_ms`: the `excitation` slot's instantaneous pulse when it is 0, else a
+        windowed sinc played sample by sample (`_waveforms.sinc_pulse`). It occupies `duration_ms`."""
+        if duration_ms == 0:
+            return self.operators.excitation(flip_rad, phase_rad)
+        waveform = sinc_pulse(flip_rad, duration_ms=duration_ms, bandwidth_time=bandwidth_time, dwell_ms=dwell_ms)
+        return SampledPulse(waveform, dwell_ms * 1e-3, phase_rad=phase_rad)
+
+    def inversion_block(self, inversion, *, duration_ms: float, phase_deg, spoiler_ms, dwell_ms: float) -> list:
+        """The optional inversion of FLASH and TrueFISP, then `spoiler_ms` closed by a spoiler gradient.
+
+        `None`: nothing. `"ideal"`: the `inversion` slot (Z -> -inv_efficiency Z) in the middle of
+        `duration_ms`, so that both kinds take the same time. `"adiabatic"`: the hyperbolic secant
+        (`_waveforms.hyperbolic_secant`) played sample by sample at phase `phase_deg`.
+        """
+        if inversion is None:
+            return []
+        if inversion == "ideal":
+            half_s = duration_ms * 1e-3 / 2
+            ops = [self.operators.delay(half_s) @ self.operators.inversion() @ self.operators.delay(half_s)]
+        elif inversion == "adiabatic":
+            ops = [SampledPulse(hyperbolic_secant(duration_ms, dwell_ms), dwell_ms * 1e-3, phase_rad=rad(phase_deg))]
+        else:
+            raise ValueError(f"inversion must be None, 'ideal' or 'adiabatic', got {inversion!r}")
+        return ops + [Delay(seconds(spoiler_ms)) @ Spoil()]

@@ -83,7 +83,6 @@ def sinc_pulse(flip_rad, *, duration_ms: float, bandwidth_time: float, dwell_ms:
     return flip_rad * shape / (dwell_ms * 1e-3)
 
 
-@functools.lru_cache(maxsize=16)
 def hyperbolic_secant(duration_ms: float, dwell_ms: float) -> np.ndarray:
     """The adiabatic hyperbolic-secant inversion over `duration_ms`, complex rad/s, centred on the pulse."""
     n = sample_count("inversion_duration", duration_ms, dwell_ms)
@@ -91,9 +90,7 @@ def hyperbolic_secant(duration_ms: float, dwell_ms: float) -> np.ndarray:
     bt = HS_BETA_PER_S * t_s
     sech = 1.0 / np.cosh(bt)
     w1 = GAMMA_RAD_PER_S_PER_T * HS_PEAK_T
-    waveform = w1 * sech * np.exp(1j * HS_MU * np.log(sech))
-    waveform.flags.writeable = False
-    return waveform
+    return w1 * sech * np.exp(1j * HS_MU * np.log(sech))
 
 
 @functools.lru_cache(maxsize=64)

@@ -6,9 +6,19 @@ Section 2, `CESTSimulator` and `cest_sim`: the pulsed saturation event train (AP
 
 from __future__ import annotations
 
-from ..model import SpinPhysics
+import math
+
+import torch
+
+from ..model import PUBLIC_FIELDS, Simulator, SpinPhysics
+from ..sequence.operators import SampledPulse, Spoil
 from ._closed_form import ClosedForm
 from ._formulas import lorentzian
+from ._function_form import function_form
+from ._layout import count, number, seconds
+from ._trains import SampledPulses, TrainLoop
+from ._waveforms import GAMMA_RAD_PER_S_PER_T, sample_count
+from .fat_spectra import GAMMA_BAR_HZ_PER_T
 
 __all__ = ["LorentzianSimulator", "lorentzian_sim"]
 
@@ -66,3 +76,84 @@ def lorentzian_sim(offsets, pools=1, diff=None, M0=1.0, device=None, **values):
     given = {"offsets": offsets, "M0": M0, "device": device, **values}
     given = {name: value for name, value in given.items() if value is not None}
     return simulator.simulate(**given) if diff is None else simulator.jacobian(diff, **given)
+
+
+# == 2. The CEST event train =========================================================================
+__all__ += ["CESTSimulator", "cest_sim"]
+
+_POOLS = tuple(f"pool{x}_{part}" for x in "BCDE" for part in ("fraction", "exchange", "T1", "T2", "shift"))
+
+
+class CESTSimulator(TrainLoop, SampledPulses, Simulator):
+    """A Z-spectrum from pulsed saturation (API.md 5.1), in the manner of pulseq-cest (Herz et al., MRM
+    2021;86:1845): one simulation per offset, each from equilibrium.
+
+    Protocol: `offsets` (ppm), `field_strength=3.0` (T), `B1sat=1.0` (uT), `npulses=1`,
+    `pulse_duration=100` (ms), `interpulse_delay=0` (ms), `recovery=6.5` (ms), `dwell=0.01` (ms).
+    For each offset: `npulses` rectangular pulses of amplitude `B1sat` at `offsets` ppm of
+    `field_strength`, `interpulse_delay` apart, each played sample by sample (`SampledPulse`, one hard
+    pulse per `dwell`) and phase continuous across pulses (pulse j starts at the phase pulse j - 1 ended
+    with, as pulseq-cest plays them: the delays do not advance it); then the transverse magnetization is
+    spoiled, `recovery` ms pass, and a 90-degree pulse reads Mz. A semisolid pool is saturated at the
+    continuous-wave rate `pi w1^2 G(offset - B0)` (definition 0 is one dwell-long rectangle, `_waveforms`).
+
+    Tissue: T1, T2 (ms), M0, B1 (scales every pulse: the saturation, and the read by sin(90 B1)), B0 (Hz),
+    the exchanging pools `poolB_* .. poolE_*` (`_shift` in Hz: 2 ppm at 3 T is 255.5 Hz; `_exchange` in
+    Hz with the engine's convention, API.md 3.3), and every API.md 4.1 name (`bound_*` for a semisolid pool).
+
+    Returns real float32 `(..., len(offsets))` (a scalar offset gives one sample): Mz of the water-like
+    pools at the read, in units of M0, so about 1 far off resonance without a semisolid pool. The offsets
+    are read as numbers: no gradient flows to them (B1sat, the delays and the tissue are differentiable).
+    """
+
+    model = SpinPhysics(properties={**{name: PUBLIC_FIELDS[name] for name in ("T1", "T2", "M0", "B1", "B0")},
+                                    **{name: PUBLIC_FIELDS[name] for name in _POOLS}})
+    states = 1
+    structural = ("npulses", "pulse_duration", "dwell")
+    post_rotation_rad = math.pi / 2  # the read's -i Mz times +i
+    train_axis = -1  # one simulation per offset, concatenated along the samples
+
+    def trains(self, protocol: dict) -> list[dict] | None:
+        offsets = protocol.get("offsets")
+        if offsets is None or isinstance(offsets, (int, float)):
+            return None
+        values = torch.as_tensor(offsets).detach().reshape(-1).tolist()
+        if not values:
+            raise ValueError("offsets is empty: give at least one saturation offset (ppm)")
+        # Python numbers: each offset is its own structure, with its own RF frequencies (the semisolid
+        # lineshape reads them) rather than values resolved from another offset's.
+        return [{"offsets": float(v)} for v in values]
+
+    def evaluate_train(self, properties, **sequence):
+        return super().evaluate_train(properties, **sequence).real
+
+    def layout(self, *, offsets, field_strength=3.0, B1sat=1.0, npulses=1, pulse_duration=100.0,
+               interpulse_delay=0.0, recovery=6.5, dwell=0.01):
+        pulses = count("npulses", npulses)
+        dwell_ms = number("dwell", dwell)
+        n = sample_count("pulse_duration", number("pulse_duration", pulse_duration), dwell_ms)
+        offset_hz = offsets * (1e-6 * GAMMA_BAR_HZ_PER_T) * field_strength
+        w1 = GAMMA_RAD_PER_S_PER_T * 1e-6 * B1sat  # rad/s
+        waveform = w1 * torch.ones(n, dtype=torch.float64)
+        pulse_s = n * dwell_ms * 1e-3
+        ops = []
+        for j in range(pulses):
+            phase = -2.0 * math.pi * offset_hz * (j * pulse_s)  # where pulse j - 1 ended
+            if isinstance(phase, float):
+                phase = math.remainder(phase, 2.0 * math.pi)
+            ops.append(SampledPulse(waveform, dwell_ms * 1e-3, phase_rad=phase, offset_hz=offset_hz))
+            if j < pulses - 1:
+                ops.append(self.operators.delay(seconds(interpulse_delay)))
+        ops.append(Spoil() @ self.operators.delay(seconds(recovery)))
+        ops.append(self.operators.excitation(math.pi / 2) @ self.operators.readout())
+        return ops
+
+
+cest_sim = function_form(
+    CESTSimulator,
+    "cest_sim",
+    ("offsets", "T1", "T2"),
+    (("diff", None), ("field_strength", 3.0), ("B1sat", 1.0), ("npulses", 1), ("pulse_duration", 100.0),
+     ("interpulse_delay", 0.0), ("recovery", 6.5), ("dwell", 0.01), ("B1", 1.0), ("B0", 0.0), ("M0", 1.0),
+     ("device", None)),
+)

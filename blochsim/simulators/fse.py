@@ -8,7 +8,7 @@ import torch
 from ..model import REFOCUSED, Simulator, SpinPhysics
 from ..sequence.operators import Spoil
 from ._function_form import function_form
-from ._layout import check_order, per_shot, rad, seconds
+from ._layout import check_order, rad, seconds
 from ._trains import TrainLoop
 
 __all__ = ["FSESimulator", "HyperechoSimulator", "fse_sim", "hyperecho_sim"]

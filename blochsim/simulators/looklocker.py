@@ -69,8 +69,7 @@ class MOLLISimulator(ClosedForm):
         p = {name: v.reshape(-1, *voxel, 1) if isinstance(v, torch.Tensor) and v.dim() else v
              for name, v in x.protocol.items()}
         signal = molli(p["flip"], p["TR"], counts, p["recovery"], short_TR=bool(short_TR), **x.tissue)
-        lead = next(iter(trains.values()), ())
-        x.voxel_shape = (*lead, *x.voxel_shape)
+        x.voxel_shape = (*next(iter(trains.values()), ()), *x.voxel_shape)  # the train axis leads (API.md 1.4)
         return x.finish(signal, (sum(counts),))
 
 

@@ -46,7 +46,11 @@ extern "C" const unsigned char bs12_fatbin[];
 namespace bs {
 namespace {
 
-constexpr int kThreadsPerBlock = 128;
+// As epg_launch.cuh: 128 threads per block, or 32 when there are too few voxels to give every
+// multiprocessor several blocks of 128.
+inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
+inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
+inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
 
 void check_cuda(cudaError_t status, const std::string& what) {
   if (status != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(status));
@@ -163,8 +167,8 @@ void launch(const std::string& expression, int64_t V, cudaStream_t stream, A... 
     }
   }
   void* params[] = {static_cast<void*>(&args)...};
-  const unsigned blocks = static_cast<unsigned>((V + kThreadsPerBlock - 1) / kThreadsPerBlock);
-  d.check(d.launch_kernel(kernel, blocks, 1, 1, kThreadsPerBlock, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+  const unsigned blocks = static_cast<unsigned>(blocks_for(V)), threads = static_cast<unsigned>(threads_for(V));
+  d.check(d.launch_kernel(kernel, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
                           params, nullptr),
           "kernel launch " + expression);
 }
@@ -180,8 +184,6 @@ int registers_layout(const Problem<R>& pb) {
   return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
 }
 
-inline int64_t blocks_for(int64_t V) { return (V + kThreadsPerBlock - 1) / kThreadsPerBlock; }
-
 template <class N, class S, class R>
 int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
   return registers_layout<N>(pb) ? 0 : int64_t(sizeof(S)) * V * 3 * state_size(pb);
@@ -189,7 +191,7 @@ int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
 
 template <class N, class S, class R>
 int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V) {
-  const int64_t padded = blocks_for(V) * kThreadsPerBlock;
+  const int64_t padded = padded_voxels(V);
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   return (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
 }
@@ -203,7 +205,7 @@ int64_t table_total(const Problem<R>& pb) {
 
 template <class N, class S, class R>
 int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return vjp_state_bytes<N, S>(pb, V) + int64_t(sizeof(N)) * blocks_for(V) * kThreadsPerBlock * table_total(pb);
+  return vjp_state_bytes<N, S>(pb, V) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
 }
 
 template <class N, class S, class R>
