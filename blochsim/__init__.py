@@ -24,7 +24,25 @@ from .sequence import (
     bSSFPReadout,
     rf_definition,
 )
-from .simulators import mrf_sim
+from .simulators import (
+    asl_sim,
+    bssfp_sim,
+    diffusion_sim,
+    doubleangle_sim,
+    hsfp_sim,
+    inversionrecovery_sim,
+    irbssfp_sim,
+    irmultigradientecho_sim,
+    looklocker_sim,
+    lorentzian_sim,
+    molli_sim,
+    mp2rage_sim,
+    mrf_sim,
+    multiecho_sim,
+    multigradientecho_sim,
+    spgr_sim,
+    spinecho_sim,
+)
 
 __all__ = [
     "__version__",
@@ -51,5 +69,21 @@ __all__ = [
     "SequenceDescription",
     "ShimDefinition",
     "rf_definition",
+    "asl_sim",
+    "bssfp_sim",
+    "irbssfp_sim",
+    "lorentzian_sim",
+    "diffusion_sim",
+    "multigradientecho_sim",
+    "irmultigradientecho_sim",
+    "hsfp_sim",
+    "looklocker_sim",
+    "molli_sim",
+    "mp2rage_sim",
     "mrf_sim",
+    "doubleangle_sim",
+    "inversionrecovery_sim",
+    "multiecho_sim",
+    "spinecho_sim",
+    "spgr_sim",
 ]
