@@ -18,7 +18,6 @@ import torch.autograd.forward_ad as fwAD
 import blochsim
 from blochsim import engine
 from blochsim._reference import play
-from blochsim.engine import bind
 from blochsim.model import (
     BALANCED,
     REFOCUSED,
@@ -38,10 +37,8 @@ from blochsim.sequence import (
     SSFPFidReadout,
     TissueProperties,
     bSSFPReadout,
-    fse_description,
     mrf_description,
     pack_description,
-    spgr_description,
 )
 from blochsim.simulators import MRFSimulator
 
@@ -560,34 +557,6 @@ def test_structure_keys():
     assert rel(a, b) < 1e-7
 
 
-def test_compile_fast_is_compile_program():
-    tensor_flips = torch.deg2rad(torch.linspace(5, 50, 6, dtype=F64)).requires_grad_()
-    descriptions = [
-        mrf_description(torch.deg2rad(torch.linspace(5, 50, 6)), 0.01, inversion_time_s=0.02),
-        mrf_description(tensor_flips, torch.tensor(0.01, dtype=F64, requires_grad=True)),
-        mrf_description([0.1, 0.2, 0.3], 0.01, phases_rad=[0.0, math.pi, 0.3]),
-        fse_description([2.0, 2.5, 3.0], 0.01, phases_rad=[0.0, math.pi / 2, math.pi], repetition_time_s=0.5),
-        spgr_description([0.2, 0.3], 0.01, 0.004, phases_rad=[0.0, 1.0]),
-        SequenceDescription.from_operators(Excitation(0.3) @ bSSFPReadout(duration_s=0.005)),
-        SequenceDescription.from_operators(Excitation(0.4, definition_id=1) @ SSFPFidReadout(duration_s=0.004),
-                                           rf_definitions={1: blochsim.rf_definition(np.hanning(32) * np.exp(0.3j),
-                                                                                     dwell_s=1e-5)}),
-    ]
-    for d in descriptions:
-        for settings in ({}, {"repetitions": 3, "record": "echo"}, {"complex_states": True, "states": 5}):
-            want = engine.compile_program(d, **settings)
-            got = bind.compile_fast(d, **settings)
-            for name in want.__dataclass_fields__:
-                a, b = getattr(got, name), getattr(want, name)
-                if isinstance(b, torch.Tensor):
-                    assert torch.equal(a.detach(), b.detach()) and a.requires_grad == b.requires_grad, name
-                elif isinstance(b, np.ndarray):
-                    assert np.array_equal(a, b), name
-                else:
-                    assert a == b, name
-
-
-# -- from_description and the engine API ------------------------------------------------------------------
 def test_from_description():
     sim = MRFSimulator(flip=[10.0, 20.0, 30.0], TR=10.0)
     d = sim.describe()

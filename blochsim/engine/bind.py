@@ -8,15 +8,14 @@ differences of timestamps). `AffineValues` records that map once, `values = A p 
 found by autograd through one walk of the layout, and later calls evaluate it with three torch ops
 instead of walking the layout and compiling again; gradients still reach the protocol tensors through `p`.
 
-`compile_fast` is `engine.compile_program` at a fraction of the cost. `pack_fields` packs free-water
-tissue (pool model 0) with at most one host sync, and `run` calls the kernels' autograd Functions
-directly; tissue with pools or T2prime goes through the engine's own `engine.simulate.bind`. `unroll`
+`compile_fast` is `engine.compile_program` (one compiler; the name stays for the simulators).
+`pack_fields` packs free-water tissue (pool model 0) with at most one host sync, and `run` calls the
+kernels' autograd Functions directly; tissue with pools or T2prime goes through the engine's own `engine.simulate.bind`. `unroll`
 lays playings of a program end to end, for the steady-state extrapolation of `blochsim.engine.steady`.
 """
 
 from __future__ import annotations
 
-import cmath
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -25,11 +24,11 @@ import numpy as np
 import torch
 
 from .. import _native as nat
-from ..sequence.events import AdcRole, EventType, RfUse
 from ..sequence.tissue import IDENTITY, TissueProperties
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
-from .program import Program, differentiated
+from .program import _count_windings
+from .program import compile_program as compile_fast
 from .simulate import _tangents as engine_tangents
 from .simulate import bind as engine_bind
 from .tissue import broadcast_shapes
@@ -45,161 +44,9 @@ _PHASE_FIELDS = ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
 _POOL_SHIFTS = tuple(f"pool_{x}_shift_hz" for x in "bcde")
 
 
-# -- compile ----------------------------------------------------------------------------------------
-_WINDING = nat.CRUSH_BEFORE | nat.CRUSH_AFTER | nat.SHIFT_AFTER
-_RF, _ADC = EventType.RF, EventType.ADC
-
-
-def _f64(value) -> torch.Tensor:
-    if value.dim() == 0:
-        return value if value.dtype == torch.float64 else value.to(torch.float64)
-    if value.numel() != 1:
-        raise NotImplementedError(f"an event value of shape {tuple(value.shape)}: a leading train axis (one value "
-                                  "per train) is not supported by the engine yet; simulate one train at a time")
-    return value.to(torch.float64).reshape(())
-
-
-def _vector(items: list) -> torch.Tensor:
-    """Numbers and 0-d tensors as one float64 vector, keeping autograd links (one stack, not one op each)."""
-    where = [i for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
-    if not where:
-        return torch.tensor(items, dtype=torch.float64)
-    if len(where) == len(items):
-        return torch.stack([_f64(v) for v in items])
-    base = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in items], dtype=torch.float64)
-    return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
-
-
-def compile_fast(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
-                 complex_states: bool = False) -> Program:
-    """`engine.compile_program`, the same `Program` field for field, in a fraction of its time.
-
-    The semantics are those of `compile_program` (the reference for this function, and the one a test
-    compares it with on every kind of event): this only replaces per-event tensor work by one vector
-    op per array and reads each RF definition once.
-    """
-    if record not in ("all", "acquired", "echo"):
-        raise ValueError(f"record must be one of ('all', 'acquired', 'echo'), got {record!r}")
-    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
-        raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
-    if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
-        raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
-    raster = description.rf_raster_time_s
-    constants = {}  # definition id -> (2 pi |I|, arg I, S)
-    times, actions, records, amplitudes, scales, phases, extras, sats, freqs, samples = ([] for _ in range(10))
-    phase_grad = False
-    keep_all, keep_echo = record == "all", record == "echo"
-    for index, event in enumerate(description.events):
-        kind, raw = event.type, int(event.action)
-        bits = raw & (_WINDING | nat.SPOIL_AFTER)
-        slot, amplitude, scale, phase, extra, sat, freq = -1, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0
-        if kind is _RF:
-            params = event.params
-            if params[1] is RfUse.INVERSION:
-                bits |= nat.INVERSION
-            else:
-                bits |= nat.ROTATE
-                if params[0] not in constants:
-                    definition = description.rf_definitions[params[0]]
-                    area = definition.integral(rf_raster_time_s=raster)
-                    constants[params[0]] = (2 * math.pi * abs(area), cmath.phase(area),
-                                            float(definition.saturation(rf_raster_time_s=raster)))
-                scale, extra, sat = constants[params[0]]
-                amplitude, phase, freq = params[2], params[3], params[4]
-                phase_grad = phase_grad or differentiated(phase)
-        elif kind is _ADC:
-            params = event.params
-            phase = params[1]
-            if keep_all or (params[2] if keep_echo else params[0] != AdcRole.NON_ACQUIRED):
-                slot = len(samples)
-                samples.append(index)
-                bits |= nat.RECORD
-        elif bits == 0:
-            continue  # a WAIT without action only marks time
-        times.append(event.timestamp_us)
-        actions.append(bits)
-        records.append(slot)
-        amplitudes.append(amplitude)
-        scales.append(scale)
-        phases.append(phase)
-        extras.append(extra)
-        sats.append(sat)
-        freqs.append(freq)
-    if not actions:  # nothing happens: keep one inert event so the program is well formed
-        times, actions, records, amplitudes, scales, phases, extras, sats, freqs = (
-            [0.0], [0], [-1], [0.0], [1.0], [0.0], [0.0], [0.0], [0.0])
-
-    t_us = _vector(times)
-    dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
-    tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
-    dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
-    action = np.asarray(actions, dtype=np.int32)
-    if states is None:  # API.md 2.1, as engine.default_states counts it
-        states = max(8, min(64, 1 + repetitions * _count_windings(action)))
-    nonzero = (dt_s.detach() != 0).numpy()
-    nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
-    action[nonzero | differentiated(dt_s)] |= nat.INTERVAL
-
-    flip_rad = _vector(amplitudes) * torch.tensor(scales, dtype=torch.float64)
-    phase_rad = _vector(phases)
-    if any(extras):
-        phase_rad = phase_rad + torch.tensor(extras, dtype=torch.float64)
-    rotating = (action & nat.ROTATE) != 0
-    path, axis = nat.PATH_COMPLEX, 0.0
-    if not complex_states and not phase_grad:
-        turning = phase_rad.detach().numpy()[rotating]
-        axis = float(turning[0]) if turning.size else 0.0
-        turns = (turning - axis) / math.pi
-        halves = np.round(turns)
-        if not np.any(np.abs(turns - halves) > 1e-9):
-            path = nat.PATH_REAL
-            sign = np.ones(len(actions))
-            sign[rotating] = np.where(halves % 2 != 0, -1.0, 1.0)
-            flip_rad = flip_rad * torch.from_numpy(sign)
-            phase_rad = torch.where(torch.from_numpy((action & nat.RECORD) != 0), phase_rad - axis, phase_rad)
-        else:
-            axis = 0.0
-
-    geometry_dk = 0.0
-    voxel = 0.0 if description.voxel_size_m is None else float(description.voxel_size_m)
-    if description.crusher_dephasing_rad and description.voxel_size_m is not None:
-        geometry_dk = float(description.crusher_dephasing_rad) / voxel
-    return Program(
-        action=action,
-        record=np.asarray(records, dtype=np.int32),
-        dt_s=dt_s,
-        dt_wrap_s=dt_wrap_s,
-        flip_rad=flip_rad,
-        phase_rad=phase_rad,
-        num_repetitions=repetitions,
-        num_samples=len(samples),
-        num_states=states,
-        path=path,
-        crusher_dk_rad_per_m=geometry_dk,
-        voxel_size_m=voxel,
-        sample_events=samples,
-        sat_per_rad2=np.asarray(sats, dtype=np.float64),
-        rf_hz=np.asarray([_frequency(f) for f in freqs], dtype=np.float64),
-        axis_phase_rad=axis,
-    )
-
-
-def _frequency(x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise NotImplementedError("RF frequency offsets with a train axis are not supported by the engine yet")
-        return float(x.detach())
-    return float(x)
-
-
 def windings(program) -> int:
     """Shifts per repetition of a compiled program (as `engine.shifts_per_repetition` counts them)."""
     return _count_windings(program.action)
-
-
-def _count_windings(a: np.ndarray) -> int:
-    shift_after = ((a & nat.SHIFT_AFTER) != 0) & ((a & nat.SPOIL_AFTER) == 0)
-    return int(((a & nat.CRUSH_BEFORE) != 0).sum() + ((a & nat.CRUSH_AFTER) != 0).sum() + shift_after.sum())
 
 
 def values_of(program) -> tuple:

@@ -10,6 +10,7 @@ only mark time, so they are dropped; their time goes into the next event's inter
 
 from __future__ import annotations
 
+import cmath
 import math
 from dataclasses import dataclass
 
@@ -48,6 +49,11 @@ class Program:
     axis_phase_rad: float = 0.0  # the common pulse axis on the real path
 
 
+def _count_windings(a: np.ndarray) -> int:
+    shift_after = ((a & nat.SHIFT_AFTER) != 0) & ((a & nat.SPOIL_AFTER) == 0)
+    return int(((a & nat.CRUSH_BEFORE) != 0).sum() + ((a & nat.CRUSH_AFTER) != 0).sum() + shift_after.sum())
+
+
 def shifts_per_repetition(description) -> int:
     """Windings of one repetition: events with CRUSH_BEFORE, CRUSH_AFTER or SHIFT_AFTER count once per bit."""
     n = 0
@@ -63,112 +69,127 @@ def default_states(description, repetitions: int) -> int:
     return max(8, min(64, 1 + repetitions * shifts_per_repetition(description)))
 
 
-def _keep_sample(event, record: str) -> bool:
-    if record == "all":
-        return True
-    if record == "acquired":
-        return event.adc_role != AdcRole.NON_ACQUIRED
-    return bool(event.is_echo)
-
-
-def _as_f64(values: list) -> torch.Tensor:
-    """Stack numbers and 0-d tensors into one float64 tensor, keeping autograd links."""
-    if not any(isinstance(v, torch.Tensor) for v in values):
-        return torch.tensor(values, dtype=torch.float64)
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()) for v in values])
-
-
 def differentiated(x) -> bool:
     """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
     return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
 
 
-def compile_program(
-    description,
-    *,
-    repetitions: int = 1,
-    record: str = "all",
-    states: int | None = None,
-    complex_states: bool = False,
-    checkpoint_stride: int = 4,
-) -> Program:
+_WINDING = nat.CRUSH_BEFORE | nat.CRUSH_AFTER | nat.SHIFT_AFTER
+_RF, _ADC = EventType.RF, EventType.ADC
+
+
+def _f64(value) -> torch.Tensor:
+    if value.dim() == 0:
+        return value if value.dtype == torch.float64 else value.to(torch.float64)
+    if value.numel() != 1:
+        raise NotImplementedError(f"an event value of shape {tuple(value.shape)}: a leading train axis (one value "
+                                  "per train) is not supported by the engine yet; simulate one train at a time")
+    return value.to(torch.float64).reshape(())
+
+
+def _vector(items: list) -> torch.Tensor:
+    """Numbers and 0-d tensors as one float64 vector, keeping autograd links (one stack, not one op each)."""
+    where = [i for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
+    if not where:
+        return torch.tensor(items, dtype=torch.float64)
+    if len(where) == len(items):
+        return torch.stack([_f64(v) for v in items])
+    base = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in items], dtype=torch.float64)
+    return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
+
+
+def compile_program(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
+                    complex_states: bool = False, checkpoint_stride: int = 4) -> Program:
     """Compile `description` for the kernels.
 
     `complex_states=True` forces the complex path (the caller sets it when tissue asks for phase physics:
-    B0, B1phase or v). Otherwise the real path is taken when every rotating pulse shares one phase axis
-    modulo half turns and no RF phase is differentiated.
+    B0, B1phase, v or pool shifts). Otherwise the real path is taken when every rotating pulse shares one
+    phase axis modulo half turns and no RF phase is differentiated. Per-event work is gathered into lists
+    and turned into tensors with one vector op per array; each RF definition is read once.
     """
-    if record not in _RECORD_MODES:
-        raise ValueError(f"record must be one of {_RECORD_MODES}, got {record!r}")
-    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
-        raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
-    if states is None:
-        states = default_states(description, repetitions)
-    if not isinstance(states, int) or isinstance(states, bool) or states < 1:
-        raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
     if not isinstance(checkpoint_stride, int) or checkpoint_stride < 1:
         raise ValueError(f"checkpoint_stride must be an integer >= 1, got {checkpoint_stride!r}")
-
+    if record not in ("all", "acquired", "echo"):
+        raise ValueError(f"record must be one of ('all', 'acquired', 'echo'), got {record!r}")
+    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
+        raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
+    if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
+        raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
     raster = description.rf_raster_time_s
-    kept, times, actions, records, flips, phases, samples = [], [], [], [], [], [], []
-    sats, freqs = [], []
-    rotate_phases = []  # (phase value, differentiable?) of every rotating pulse
+    constants = {}  # definition id -> (2 pi |I|, arg I, S)
+    times, actions, records, amplitudes, scales, phases, extras, sats, freqs, samples = ([] for _ in range(10))
+    phase_grad = False
+    keep_all, keep_echo = record == "all", record == "echo"
     for index, event in enumerate(description.events):
-        bits = int(event.action) & _WINDING | int(event.action) & int(EventAction.SPOIL_AFTER)
-        slot, flip, phase, sat, freq = -1, 0.0, 0.0, 0.0, 0.0
-        if event.type == EventType.RF:
-            if event.rf_use == RfUse.INVERSION:
+        kind, raw = event.type, int(event.action)
+        bits = raw & (_WINDING | nat.SPOIL_AFTER)
+        slot, amplitude, scale, phase, extra, sat, freq = -1, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0
+        if kind is _RF:
+            params = event.params
+            if params[1] is RfUse.INVERSION:
                 bits |= nat.INVERSION
             else:
                 bits |= nat.ROTATE
-                definition = description.rf_definitions[event.rf_definition_id]
-                flip, extra = definition.signed_flip(event.rf_amplitude_hz, rf_raster_time_s=raster)
-                phase = event.rf_phase_rad + extra if not _is_zero(extra) else event.rf_phase_rad
-                rotate_phases.append(phase)
-                sat = definition.saturation(rf_raster_time_s=raster)
-                freq = event.rf_frequency_hz
-        elif event.type == EventType.ADC:
-            phase = event.adc_phase_rad
-            if _keep_sample(event, record):
+                if params[0] not in constants:
+                    definition = description.rf_definitions[params[0]]
+                    area = definition.integral(rf_raster_time_s=raster)
+                    constants[params[0]] = (2 * math.pi * abs(area), cmath.phase(area),
+                                            float(definition.saturation(rf_raster_time_s=raster)))
+                scale, extra, sat = constants[params[0]]
+                amplitude, phase, freq = params[2], params[3], params[4]
+                phase_grad = phase_grad or differentiated(phase)
+        elif kind is _ADC:
+            params = event.params
+            phase = params[1]
+            if keep_all or (params[2] if keep_echo else params[0] != AdcRole.NON_ACQUIRED):
                 slot = len(samples)
                 samples.append(index)
                 bits |= nat.RECORD
         elif bits == 0:
             continue  # a WAIT without action only marks time
-        kept.append(index)
         times.append(event.timestamp_us)
         actions.append(bits)
         records.append(slot)
-        flips.append(flip)
+        amplitudes.append(amplitude)
+        scales.append(scale)
         phases.append(phase)
-        sats.append(float(sat))
+        extras.append(extra)
+        sats.append(sat)
         freqs.append(freq)
-    if not kept:  # nothing happens: keep one inert event so the program is well formed
-        times, actions, records, flips, phases, sats, freqs = [0.0], [0], [-1], [0.0], [0.0], [0.0], [0.0]
+    if not actions:  # nothing happens: keep one inert event so the program is well formed
+        times, actions, records, amplitudes, scales, phases, extras, sats, freqs = (
+            [0.0], [0], [-1], [0.0], [1.0], [0.0], [0.0], [0.0], [0.0])
 
-    t_us = _as_f64(times)
+    t_us = _vector(times)
     dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
     tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
     dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
     action = np.asarray(actions, dtype=np.int32)
-    differentiable_dt = differentiated(dt_s)
+    if states is None:  # API.md 2.1, as engine.default_states counts it
+        states = max(8, min(64, 1 + repetitions * _count_windings(action)))
     nonzero = (dt_s.detach() != 0).numpy()
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
-    action[nonzero | differentiable_dt] |= nat.INTERVAL
+    action[nonzero | differentiated(dt_s)] |= nat.INTERVAL
 
-    flip_rad = _as_f64(flips)
-    phase_rad = _as_f64(phases)
+    flip_rad = _vector(amplitudes) * torch.tensor(scales, dtype=torch.float64)
+    phase_rad = _vector(phases)
+    if any(extras):
+        phase_rad = phase_rad + torch.tensor(extras, dtype=torch.float64)
+    rotating = (action & nat.ROTATE) != 0
     path, axis = nat.PATH_COMPLEX, 0.0
-    if not complex_states:
-        axis_ok, axis, signs = _common_axis(rotate_phases)
-        if axis_ok:
+    if not complex_states and not phase_grad:
+        turning = phase_rad.detach().numpy()[rotating]
+        axis = float(turning[0]) if turning.size else 0.0
+        turns = (turning - axis) / math.pi
+        halves = np.round(turns)
+        if not np.any(np.abs(turns - halves) > 1e-9):
             path = nat.PATH_REAL
-            rotating = (action & nat.ROTATE) != 0
-            sign = torch.ones(len(actions), dtype=torch.float64)
-            sign[torch.from_numpy(rotating)] = torch.tensor(signs, dtype=torch.float64)
-            flip_rad = flip_rad * sign
-            # ADC phases become relative to the axis; RF phases are not read on the real path.
+            sign = np.ones(len(actions))
+            sign[rotating] = np.where(halves % 2 != 0, -1.0, 1.0)
+            flip_rad = flip_rad * torch.from_numpy(sign)
             phase_rad = torch.where(torch.from_numpy((action & nat.RECORD) != 0), phase_rad - axis, phase_rad)
+        else:
+            axis = 0.0
 
     geometry_dk = 0.0
     voxel = 0.0 if description.voxel_size_m is None else float(description.voxel_size_m)
@@ -189,12 +210,12 @@ def compile_program(
         voxel_size_m=voxel,
         sample_events=samples,
         sat_per_rad2=np.asarray(sats, dtype=np.float64),
-        rf_hz=np.asarray([_float_values(f) for f in freqs], dtype=np.float64),
+        rf_hz=np.asarray([_frequency(f) for f in freqs], dtype=np.float64),
         axis_phase_rad=axis,
     )
 
 
-def _float_values(x) -> float:
+def _frequency(x) -> float:
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
             raise NotImplementedError("RF frequency offsets with a train axis are not supported by the engine yet")
@@ -202,23 +223,3 @@ def _float_values(x) -> float:
     return float(x)
 
 
-def _is_zero(x) -> bool:
-    return not isinstance(x, torch.Tensor) and float(x) == 0.0
-
-
-def _common_axis(phases: list) -> tuple[bool, float, list]:
-    """Whether all pulse phases lie on one axis modulo half turns; the axis and each pulse's sign."""
-    if any(differentiated(p) for p in phases):
-        return False, 0.0, []
-    values = [float(p) for p in phases]
-    if not values:
-        return True, 0.0, []
-    axis = values[0]
-    signs = []
-    for v in values:
-        turns = (v - axis) / math.pi
-        n = round(turns)
-        if abs(turns - n) > 1e-9:
-            return False, 0.0, []
-        signs.append(-1.0 if n % 2 else 1.0)
-    return True, axis, signs

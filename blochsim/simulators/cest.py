@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..model import PUBLIC_FIELDS, Simulator, SpinPhysics
@@ -134,7 +135,8 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
         n = sample_count("pulse_duration", number("pulse_duration", pulse_duration), dwell_ms)
         offset_hz = offsets * (1e-6 * GAMMA_BAR_HZ_PER_T) * field_strength
         w1 = GAMMA_RAD_PER_S_PER_T * 1e-6 * B1sat  # rad/s
-        waveform = w1 * torch.ones(n, dtype=torch.float64)
+        # NumPy for a number (the events then hold plain floats, cheaper to build), a tensor for a tensor.
+        waveform = w1 * (torch.ones(n, dtype=torch.float64) if isinstance(w1, torch.Tensor) else np.ones(n))
         pulse_s = n * dwell_ms * 1e-3
         ops = []
         for j in range(pulses):
