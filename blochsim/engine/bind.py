@@ -11,7 +11,8 @@ instead of walking the layout and compiling again; gradients still reach the pro
 `compile_fast` is `engine.compile_program` (one compiler; the name stays for the simulators).
 `pack_fields` packs free-water tissue (pool model 0) with at most one host sync, and `run` calls the
 kernels' autograd Functions directly; tissue with pools or T2prime goes through the engine's own
-`engine.simulate.bind`. `unroll` lays playings of a program end to end, for the steady-state extrapolation of `blochsim.engine.steady`.
+`engine.simulate.bind`. `unroll` lays playings of a program end to end, for the steady-state
+extrapolation of `blochsim.engine.steady`.
 """
 
 from __future__ import annotations
