@@ -15,6 +15,7 @@ def test_readme_python_example_runs():
     namespace = {}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["atoms"].shape == (2, 100) and namespace["dT"].shape == (2, 2, 100)
     signal, J, flips = namespace["signal"], namespace["J"], namespace["flips"]
     assert tuple(signal.shape) == (2, 100) and tuple(J.shape) == (2, 2, 100)
     assert flips.grad is not None and tuple(flips.grad.shape) == (100,)
