@@ -4,11 +4,9 @@
 #include <exception>
 #include <string>
 
+#include "blochsim/abi_guard.hpp"
 #include "epg_host.hpp"
 
-#ifndef BLOCHSIM_VERSION
-#define BLOCHSIM_VERSION "unknown"
-#endif
 
 namespace bs {
 // Defined in the per-pass translation units.
@@ -23,20 +21,7 @@ void vjp_jvp_entry(const bs_epg_vjp_jvp_args& a);
 }  // namespace bs
 
 namespace {
-thread_local std::string last_error;
-
-template <class F>
-int32_t guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return 1;
-}
+using bs::guarded;
 
 template <class Args, class F32, class F64>
 int32_t by_dtype(const Args* a, F32 f32, F64 f64) {
@@ -57,7 +42,7 @@ extern "C" {
 
 int32_t bs_abi_version(void) { return BS_ABI_VERSION; }
 const char* bs_version(void) { return BLOCHSIM_VERSION; }
-const char* bs_last_error(void) { return last_error.c_str(); }
+const char* bs_last_error(void) { return bs::last_error().c_str(); }
 
 int32_t bs_epg_forward(const bs_epg_forward_args* a) {
   return by_dtype(a, bs::forward_entry<float>, bs::forward_entry<double>);

@@ -2,27 +2,12 @@
 #include <exception>
 #include <string>
 
+#include "blochsim/abi_guard.hpp"
 #include "passes.cuh"
 
-#ifndef BLOCHSIM_VERSION
-#define BLOCHSIM_VERSION "unknown"
-#endif
 
 namespace {
-thread_local std::string last_error;
-
-template <class F>
-int32_t guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return 1;
-}
+using bs::guarded;
 
 template <class Args>
 const Args& float32_args(const void* args) {
@@ -47,7 +32,7 @@ extern "C" {
 
 int32_t bs_abi_version(void) { return BS_ABI_VERSION; }
 const char* bs_version(void) { return BLOCHSIM_VERSION; }
-const char* bs_last_error(void) { return last_error.c_str(); }
+const char* bs_last_error(void) { return bs::last_error().c_str(); }
 
 int32_t bs_epg_forward(const bs_epg_forward_args* a) {
   return guarded([&] { bs::cuda_forward(float32_args<bs_epg_forward_args>(a)); });
