@@ -230,7 +230,7 @@ def spoiled_mz(flips_deg, tr_ms, t1, lead_ms, efficiency=1.0, b1=1.0):
     for a in flips_deg:
         out.append(mz)
         mz = mz * torch.cos(float(a) * DEG * b1) * e1 + 1 - e1
-    return torch.stack(out, -1)
+    return torch.stack(torch.broadcast_tensors(*out), -1)
 
 
 def test_mpnrage_oracle_sign_and_closed_form():
@@ -351,12 +351,15 @@ def test_flash_physics():
     # ms against a 1 ms pulse: 1e-2 at most, the stated bound).
     sinc = FLASHSimulator(flip=flips, TR=8.0, TE=3.0, nshots=3).simulate(T1=T1, T2=T2)
     assert rel(sinc, hard) < 1e-2
-    # The adiabatic inversion inverts like the ideal one, and keeps doing so at 70 % of the nominal B1.
+    # The adiabatic inversion inverts like the ideal one, and keeps doing so above its B1 threshold (a hard
+    # 180 at B1 = 1.3 would leave Mz = cos(234 deg) = -0.59). Without relaxation the passage inverts 99.75 %
+    # at B1 = 1 and 99.97 % at 1.3 (measured), so 1 % is a bound with margin.
     protocol = dict(flip=5.0, TR=8.0, TE=3.0, nshots=2, pulse_duration=0, spoiler=5.0)
-    ideal = FLASHSimulator(inversion="ideal", **protocol).simulate(T1=1500.0, T2=1000.0, B1=0.7)
-    adiabatic = FLASHSimulator(inversion="adiabatic", **protocol).simulate(T1=1500.0, T2=1000.0, B1=0.7)
-    assert float(ideal.imag[0]) > 0  # -i sin(a) Mz with Mz < 0
-    assert rel(adiabatic, ideal) < 2e-2  # T2 relaxation during the 10 ms passage costs about 1 %
+    b1 = torch.tensor([1.0, 1.3])
+    ideal = FLASHSimulator(inversion="ideal", **protocol).simulate(T1=1e6, T2=1e6, B1=b1)
+    adiabatic = FLASHSimulator(inversion="adiabatic", **protocol).simulate(T1=1e6, T2=1e6, B1=b1)
+    assert float(ideal.imag.min()) > 0  # -i sin(a) Mz with Mz < 0
+    assert float((adiabatic.imag / ideal.imag).min()) > 0.99
 
 
 def test_flash_errors_and_function_form():
