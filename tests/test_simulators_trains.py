@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as fwAD
 from blochsim._reference import play
 from blochsim.sequence import TissueProperties
 from blochsim.simulators.flash import FLASHSimulator, flash_sim
-from blochsim.simulators.fmssfp import fmSSFPSimulator, fmssfp_sim
+from blochsim.simulators.fmssfp import fmssfp_sim, fmSSFPSimulator
 from blochsim.simulators.fse import FSESimulator, HyperechoSimulator, fse_sim, hyperecho_sim
 from blochsim.simulators.mpnrage import MPnRAGESimulator, mpnrage_sim
 from blochsim.simulators.mprage import MPRAGESimulator, mprage_sim
