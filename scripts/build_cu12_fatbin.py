@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for blochsim_cu12.fatbin and cu12_kernels.h")
     ap.add_argument("--archs", nargs="+", default=["75", "80", "90"], help="machine code (cubins) for these")
     ap.add_argument("--ptx", nargs="*", default=["90"], help="PTX for these virtual architectures")
-    ap.add_argument("--jobs", type=int, default=2, help="compilations in parallel (one process each)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compilations in parallel (one process each)")
     args = ap.parse_args(argv)
     nvrtc = _package_lib("nvidia.cuda_nvrtc", "libnvrtc.so.12")
     nvfatbin = _package_lib("nvidia.nvfatbin", "libnvfatbin.so.12")

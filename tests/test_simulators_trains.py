@@ -109,7 +109,8 @@ def test_fse_ideal_refocusing_is_a_pure_t2_decay():
 
 
 def test_fse_cpmg_is_real_and_positive():
-    echoes = FSESimulator(flip=FSE_FLIPS, ESP=10.0).simulate(T1=T1, T2=T2, B1=torch.tensor([0.9, 1.0, 1.1])[:, None, None])
+    b1 = torch.tensor([0.9, 1.0, 1.1])[:, None, None]
+    echoes = FSESimulator(flip=FSE_FLIPS, ESP=10.0).simulate(T1=T1, T2=T2, B1=b1)
     assert float(echoes.real.min()) > 0
     assert float(echoes.imag.abs().max()) < 1e-6 * float(echoes.real.max())  # rounding only
 
@@ -238,7 +239,7 @@ def test_mpnrage_oracle_sign_and_closed_form():
     got = sim.simulate(T1=T1, B1=torch.tensor([0.9, 1.1]), inv_efficiency=0.95, M0=1.3)
     fields = dict(t1_ms=T1, t2_ms=100.0, b1=torch.tensor([0.9, 1.1]), inversion_efficiency=0.95, m0=1.3)
     assert got.shape == (2, 2, 40) and rel(got, oracle(sim, fields, states=1)) < 1e-5
-    mz = spoiled_mz([7.0] * 40, 12.0, T1[..., None], 30.0, efficiency=0.95, b1=torch.tensor([0.9, 1.1])[:, None])
+    mz = spoiled_mz([7.0] * 40, 12.0, T1, 30.0, efficiency=0.95, b1=torch.tensor([0.9, 1.1]))
     want = 1.3 * torch.sin(7.0 * DEG * torch.tensor([0.9, 1.1], dtype=F64))[:, None] * mz
     assert rel(got, want) < 1e-5
     assert float(got.imag.abs().max()) < 1e-6  # x +i: real
@@ -267,7 +268,7 @@ def test_mpnrage_errors_and_function_form():
     flips = np.linspace(5.0, 10.0, 6)
     out = mpnrage_sim(6, flips, 10.0, 900.0, TI=20.0)
     assert isinstance(out, np.ndarray)
-    assert rel(out, spoiled_mz(flips, 10.0, 900.0, 20.0) * np.sin(flips * DEG)) < 1e-5
+    assert rel(out, spoiled_mz(flips, 10.0, 900.0, 20.0) * torch.from_numpy(np.sin(flips * DEG))) < 1e-5
 
 
 def test_mprage_oracle_sign_and_closed_form():
@@ -444,3 +445,23 @@ def test_balanced_function_forms():
     assert signal.shape == (4,) and J.shape == (2, 4)
     with pytest.raises(ValueError, match="preparation = 0.2 ms must be at least the pulse duration"):
         TrueFISPSimulator(flip=40.0, TR=4.0, nshots=3, preparation=0.2, **FAST).simulate(T1=1000.0, T2=80.0)
+
+
+# -- MP2RAGE: the event-train layout of the closed form ----------------------------------------------
+def test_mp2rage_layout_plays_the_closed_form():
+    from blochsim.simulators.mp2rage import MP2RAGESimulator
+
+    sim = MP2RAGESimulator(TI=[700.0, 2500.0], flip=[4.0, 5.0], TRspgr=7.0, TRmp2rage=5000.0, nshots=(60, 100))
+    t1 = torch.tensor([800.0, 1400.0, 2000.0])
+    closed = sim.simulate(T1=t1, inv_efficiency=0.96, M0=1.2)
+    description = sim.describe()
+    assert len(description.adc_events) == 320 and description.tr_duration_us == 5e6
+    train = MP2RAGESimulator.from_description(description)  # the class settings: SPOILED, states=1, acquired
+    steady = train.simulate(T1=t1, inv_efficiency=0.96, M0=1.2, repetitions="auto")
+    assert steady.shape == (3, 2) and rel(steady * 1j, closed) < 1e-5  # from_description: the raw -i sin(a) Mz
+    assert rel(oracle(train, dict(t1_ms=t1, t2_ms=100.0, inversion_efficiency=0.96, m0=1.2), states=1,
+                      repetitions=8, record="acquired") * 1j, closed) < 1e-5  # 8 cycles: contraction < 0.25^8
+    with pytest.raises(ValueError, match=r"TI\[1\] = 800 ms leaves no room for block 2"):
+        sim.describe(TI=[700.0, 800.0])
+    with pytest.raises(ValueError, match="block 2 must end within TRmp2rage = 3000 ms"):
+        sim.describe(TRmp2rage=3000.0)

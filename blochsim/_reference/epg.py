@@ -35,9 +35,9 @@ tr_duration_us - (last timestamp) + (first timestamp). Each event does, in order
       Longitudinal, every order: dZ/dt = A·Z (+ R1·Zeq on order 0 only), with
       A = -diag(R1) + X, X the exchange matrix over all pools. Transverse, water-
       like pools only: dF/dt = C·F with C = -diag(R2) - i·2π·diag(B0 + shift) + X_w,
-      X_w the exchange matrix restricted to the water-like pools (the semisolid
-      pool has no transverse magnetization to exchange: as in EPG-X, free-water
-      transverse states do not exchange with it). F+(k) evolves with exp(C·Δt),
+      X_w the exchange matrix of the water-like pools alone (the semisolid pool
+      has no transverse magnetization to exchange: as in EPG-X, free-water
+      transverse states do not exchange with it, and lose nothing to it). F+(k) evolves with exp(C·Δt),
       F-(k) with its conjugate. Both are solved exactly with a matrix
       exponential (`_expm`, scaling and squaring of a Taylor sum, accurate to
       rounding; torch.linalg.matrix_exp is not, for short intervals); the affine
@@ -386,7 +386,10 @@ def _interval(dt_s: torch.Tensor, pools: _Pools, values: dict, geometry: dict, s
 
     # Transverse, water-like pools only.
     omega = 2.0 * math.pi * (values["b0_hz"][..., None] + pools.shift_hz)  # rad/s, (*V, Pw)
-    c = exchange[..., :water, :water].to(COMPLEX) - torch.diag_embed(pools.r2_per_s + 1j * omega)
+    # Exchange among the water-like pools only: free water loses no transverse magnetization to the
+    # semisolid pool (EPG-X, Malik 2018), so X_w is built from them alone, not sliced from X.
+    exchange_w = _exchange_matrix(pools.fraction[..., :water], pools.exchange_hz[..., :water])
+    c = exchange_w.to(COMPLEX) - torch.diag_embed(pools.r2_per_s + 1j * omega)
     f_propagator = _expm(c * dt_s)
 
     fplus_factor = fminus_factor = z_factor = washout_recovery = None

@@ -4,7 +4,8 @@ For tissue with a semisolid pool or exchanging pools B..E, the engine forms in f
 every distinct interval length dt,
   L = exp(A dt)   longitudinal, A = -diag(R1) + X (all pools),
   r = (I - L) Zeq recovery of Z(0) toward the equilibrium fractions,
-  T = exp(C dt)   transverse, C = -diag(R2) - i 2 pi diag(B0 + shift) + X_w (water-like pools only),
+  T = exp(C dt)   transverse, C = -diag(R2) - i 2 pi diag(B0 + shift) + X_w (the exchange generator of the
+                  water-like pools alone: free water loses no transverse magnetization to the semisolid),
 and per RF event the semisolid saturation rate sat = S * G(f_rf - B0) (Malik 2018, EPG-X). X is the
 Bloch-McConnell exchange generator with free water as the hub: rate free -> p is k_p f_p, rate p -> free
 is k_p f_free. The kernels multiply by the tables and return cotangents on them; autograd carries those
@@ -127,16 +128,18 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
     C = C + torch.diag_embed(torch.stack(
         [-full(r2[p]) - 2j * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
     X = torch.zeros(shape + (nl, nl), **f64)
+    X_w = torch.zeros(shape + (nt, nt), **f64)  # the water-like pools alone: nothing leaks to the semisolid
     for p in range(1, nl):
-        kf = full(k_pools[p - 1] * f_pools[p - 1])  # free -> p
-        kb = full(k_pools[p - 1] * f_free)  # p -> free
-        E = torch.zeros(nl, nl, **f64)
-        E[0, 0], E[p, 0] = -1.0, 1.0
-        Eb = torch.zeros(nl, nl, **f64)
-        Eb[p, p], Eb[0, p] = -1.0, 1.0
-        X = X + kf[..., None, None] * E + kb[..., None, None] * Eb
+        kf = full(k_pools[p - 1] * f_pools[p - 1])[..., None, None]  # free -> p
+        kb = full(k_pools[p - 1] * f_free)[..., None, None]  # p -> free
+        for M, n in ((X, nl),) + (((X_w, nt),) if p < nt else ()):
+            E = torch.zeros(n, n, **f64)
+            E[0, 0], E[p, 0] = -1.0, 1.0
+            Eb = torch.zeros(n, n, **f64)
+            Eb[p, p], Eb[0, p] = -1.0, 1.0
+            M += kf * E + kb * Eb
     A = A + X
-    C = C + X[..., :nt, :nt].to(torch.complex128)
+    C = C + X_w.to(torch.complex128)
     zeq = torch.stack([full(f_free)] + [full(f) for f in f_pools], -1)
 
     V = math.prod(voxel_shape)

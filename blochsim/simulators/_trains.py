@@ -4,7 +4,7 @@
     The engine takes one train per run (a protocol value with a leading train axis raises
     NotImplementedError there). A simulator whose protocol may hold several trains (FSE with a
     `(trains, ETL)` flip or an array `TR`; CEST with one simulation per offset) says how to split it in
-    `trains(protocol)`, and the mixin runs the engine once per train and joins the results: stacked
+    `trains(protocol, tissue)`, and the mixin runs the engine once per train and joins the results: stacked
     first (`train_axis = 0`, API.md 1.4) or concatenated along the samples (`train_axis = -1`).
     `simulate` and reverse mode go through `evaluate`; `jacobian` loops over `Simulator.jacobian`, so
     each engine run serves one forward-mode pass. Per-train post-processing goes in `evaluate_train`.
@@ -41,8 +41,11 @@ class TrainLoop:
 
     train_axis = 0
 
-    def trains(self, protocol: dict) -> list[dict] | None:
-        """Per-train protocol overrides of a converted protocol, or None for a single train."""
+    def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
+        """Per-train protocol overrides of a converted protocol, or None for a single train.
+
+        `tissue` holds the tissue values by public name (those given; fixed ones included).
+        """
         return None
 
     def evaluate_train(self, properties, **sequence):
@@ -51,13 +54,13 @@ class TrainLoop:
 
     def evaluate(self, properties, **sequence):
         protocol = {name: value for name, value in sequence.items() if name not in RUN_SETTINGS}
-        parts = self.trains(protocol)
+        parts = self.trains(protocol, properties)
         if parts is None:
             return self.evaluate_train(properties, **sequence)
         return self._join([self.evaluate_train(properties, **{**sequence, **part}) for part in parts])
 
     def jacobian(self, diff, **values):
-        parts = self.trains(self.played(**values))
+        parts = self.trains(self.played(**values), {**self.bound, **values})
         if parts is None:
             return super().jacobian(diff, **values)
         # The caller's library (API.md 1.3), decided before the per-train values replace the arrays.

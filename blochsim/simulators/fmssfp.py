@@ -26,7 +26,7 @@ def sweep_phases(nshots: int, sweeps: int) -> list[float]:
     return phases
 
 
-class fmSSFPSimulator(SampledPulses, Simulator):  # noqa: N801 - the name of API.md 5.1
+class fmSSFPSimulator(SampledPulses, Simulator):
     """Frequency-modulated SSFP (Foxall 2002): a balanced train whose RF frequency sweeps (API.md 5.1).
 
     Protocol: `flip` (deg, a scalar or one per shot of a sweep), `TR` (ms), `nshots` (pulses per sweep),

@@ -69,7 +69,7 @@ class FSESimulator(TrainLoop, Simulator):
     states = 10
     repetitions = 2
 
-    def trains(self, protocol: dict) -> list[dict] | None:
+    def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         return _split_trains(protocol)
 
     def layout(self, *, flip, ESP, phases=0.0, exc_flip=90.0, exc_phase=90.0, TR=1e6):
@@ -109,7 +109,7 @@ class HyperechoSimulator(TrainLoop, Simulator):
     states = None
     repetitions = 2
 
-    def trains(self, protocol: dict) -> list[dict] | None:
+    def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         return _split_trains(protocol)
 
     def layout(self, *, flip, ESP, phases=0.0, refocusing=180.0, exc_flip=90.0, exc_phase=90.0, TR=1e6):

@@ -4,11 +4,12 @@
 // unpack the ABI structs, size scratch, launch on the caller's stream. The kernels come from the fatbin that
 // scripts/build_cu12_fatbin.py built with NVRTC from the same device headers; it is embedded below, loaded
 // once with the driver's cuLibraryLoadData, and each kernel is found by its lowered name (cu12_kernels.h)
-// and launched with cuLaunchKernel. The driver API, not cudaLibrary*/cudaLaunchKernel: those runtime
-// entry points only exist from CUDA 12.8, and torch's cu126 wheels bring a 12.6 runtime; the driver calls
-// exist from CUDA 12.0 (R525). libcuda is opened at first launch, not linked, so the library loads (and
-// reports its ABI) on machines without a driver. The launch logic is a copy of epg_launch.cuh (g++ cannot
-// compile nvcc's <<<>>>): keep the two in step; tests/test_cuda.py holds either build to the host library.
+// and launched with cuLaunchKernel. The driver API, not cudaLibraryLoadData/cudaLaunchKernel: the CUDA 12.6
+// runtime that torch's cu126 wheels bring has no cudaLibrary* entry points; the driver's exist from CUDA
+// 12.0 (R525). libcuda is opened at first launch, not linked, so the library loads (and reports its ABI)
+// on machines without a driver. The launch logic is a copy of epg_launch.cuh (g++ cannot compile nvcc's
+// <<<>>>): keep the two in step. tests/test_cuda_loader.py compares the copied rules and the kernel
+// signatures on the CPU; tests/test_cuda.py holds either build to the host library on a GPU.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -21,19 +22,17 @@
 #include <string>
 #include <type_traits>
 
+#include "blochsim/abi_guard.hpp"
 #include "blochsim/unpack.hpp"
 #include "cu12_kernels.h"
 #include "cuda12_launcher/params.hpp"
 
-#ifndef BLOCHSIM_VERSION
-#define BLOCHSIM_VERSION "unknown"
-#endif
 #ifndef BS12_FATBIN_PATH
 #error "BS12_FATBIN_PATH must name the fatbin built by scripts/build_cu12_fatbin.py"
 #endif
 
 // The fatbin, in the section cuobjdump reads (.nv_fatbin), so scripts/check_wheel.py can list its
-// architectures as it does for nvcc's output. Nothing registers it: cudaLibraryLoadData loads it.
+// architectures as it does for nvcc's output. Nothing registers it: cuLibraryLoadData loads it.
 asm(".pushsection .nv_fatbin, \"a\"\n"
     ".balign 16\n"
     ".globl bs12_fatbin\n"
@@ -323,21 +322,6 @@ void cuda_vjp_jvp(const bs_epg_vjp_jvp_args& a) {
 }
 
 // ---- as csrc/cuda/capi_cuda.cu -----------------------------------------------------------------------------
-thread_local std::string last_error;
-
-template <class F>
-int32_t guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return 1;
-}
-
 template <class Args>
 const Args& float32_args(const void* args) {
   if (!args) throw std::invalid_argument("args must not be null");
@@ -363,7 +347,7 @@ extern "C" {
 
 int32_t bs_abi_version(void) { return BS_ABI_VERSION; }
 const char* bs_version(void) { return BLOCHSIM_VERSION; }
-const char* bs_last_error(void) { return bs::last_error.c_str(); }
+const char* bs_last_error(void) { return bs::last_error().c_str(); }
 
 int32_t bs_epg_forward(const bs_epg_forward_args* a) {
   return bs::guarded([&] { bs::cuda_forward(bs::float32_args<bs_epg_forward_args>(a)); });
