@@ -351,6 +351,7 @@ def test_jacobian_does_not_load_forward_mode_decompositions():
 
     root = Path(blochsim.__file__).resolve().parents[1]  # the blochsim this test imports (installed or not)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    # Run outside the checkout: `python -c` puts the working directory first on sys.path.
     done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env,
-                          timeout=120, check=True)
+                          timeout=120, check=True, cwd=Path(blochsim.__file__).resolve().parents[2])
     assert done.stdout.strip().splitlines()[-1] == "False"
