@@ -11,8 +11,9 @@ only mark time, so they are dropped; their time goes into the next event's inter
 from __future__ import annotations
 
 import cmath
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,6 +48,12 @@ class Program:
     sat_per_rad2: np.ndarray  # [E] saturation constant S of each rotating pulse's definition (0 elsewhere)
     rf_hz: np.ndarray  # [E] frequency offset of each rotating pulse, Hz
     axis_phase_rad: float = 0.0  # the common pulse axis on the real path
+    bound: dict = field(default_factory=dict, repr=False, compare=False)  # (device, dtype) -> values there
+
+    @property
+    def constant(self) -> bool:
+        """No value carries a derivative: the program can be reused by later calls."""
+        return not any(differentiated(v) for v in (self.dt_s, self.dt_wrap_s, self.flip_rad, self.phase_rad))
 
 
 def _count_windings(a: np.ndarray) -> int:
@@ -98,6 +105,9 @@ def _vector(items: list) -> torch.Tensor:
     return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
 
 
+_CACHE = "_blochsim_programs"
+
+
 def compile_program(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
                     complex_states: bool = False, checkpoint_stride: int = 4) -> Program:
     """Compile `description` for the kernels.
@@ -106,6 +116,11 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     B0, B1phase, v or pool shifts). Otherwise the real path is taken when every rotating pulse shares one
     phase axis modulo half turns and no RF phase is differentiated. Per-event work is gathered into lists
     and turned into tensors with one vector op per array; each RF definition is read once.
+
+    A description is immutable, so a program whose values carry no derivative is kept on it (per set of
+    arguments) and later calls reuse it, with its values already on the device they ran on. Its numbers
+    are read once: a tensor inside a description changed in place afterwards is not seen (build a new
+    description, or let the tensor require grad: differentiated programs are compiled on every call).
     """
     if not isinstance(checkpoint_stride, int) or checkpoint_stride < 1:
         raise ValueError(f"checkpoint_stride must be an integer >= 1, got {checkpoint_stride!r}")
@@ -115,6 +130,22 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
         raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
     if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
         raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
+    key = (repetitions, record, states, complex_states, checkpoint_stride)
+    cache = getattr(description, _CACHE, None)
+    if cache is not None and key in cache:
+        return copy.copy(cache[key])  # callers may set fields (states, phases) on theirs
+    program = _compile(description, repetitions, record, states, complex_states)
+    # Under no_grad a differentiated description compiles to constants: keep only what grad mode sees.
+    if torch.is_grad_enabled() and program.constant and hasattr(description, "__dict__"):
+        if cache is None:
+            cache = {}
+            object.__setattr__(description, _CACHE, cache)
+        cache[key] = program
+        return copy.copy(program)
+    return program
+
+
+def _compile(description, repetitions, record, states, complex_states) -> Program:
     raster = description.rf_raster_time_s
     constants = {}  # definition id -> (2 pi |I|, arg I, S)
     times, actions, records, amplitudes, scales, phases, extras, sats, freqs, samples = ([] for _ in range(10))

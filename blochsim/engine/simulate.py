@@ -21,14 +21,13 @@ _PATHS = ("auto", "real", "complex")
 
 
 def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int = 4, lineshape="super-lorentzian",
-         active=()):
+         active=(), packed=None):
     """The kernel call of a program and a tissue: (Static, inputs, voxel_shape)."""
     device = _device_of(tissue)
-    packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)
+    if packed is None or packed.values[0].device != device:
+        packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)
     model = pool_model(tissue)
-    # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
-    phase = torch.remainder(program.phase_rad, 2 * math.pi)
-    values = tuple(v.to(device=device, dtype=dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, phase))
+    action, record, values = _program_values(program, device, dtype)
     extra = {}
     tables = (None,) * len(nat.TABLES)
     if model.pooled:
@@ -43,8 +42,8 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
         extra = dict(num_transverse_pools=model.num_transverse, num_longitudinal_pools=model.num_longitudinal,
                      interval=rows.to(device), wrap_interval=wrap, num_intervals=int(lengths.numel()))
     static = K.Static(
-        action=torch.from_numpy(program.action).to(device),
-        record=torch.from_numpy(program.record).to(device),
+        action=action,
+        record=record,
         num_repetitions=program.num_repetitions,
         num_samples=program.num_samples,
         num_states=program.num_states,
@@ -58,6 +57,23 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
         **extra,
     )
     return static, values + packed.values + tables, packed.voxel_shape
+
+
+def _program_values(program: Program, device, dtype):
+    """(action, record, (dt, dt_wrap, flip, phase)) on `device` in `dtype`; kept on the program per device and
+    dtype while no value carries a derivative (a constant program is then moved to the device once). Copies
+    of a program share the store, so an entry holds the value tensors it was made from and serves only them."""
+    key, sources = (device, dtype), (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad)
+    hit = program.bound.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], sources)):  # copies share `bound`: same values?
+        return hit[1]
+    # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
+    phase = torch.remainder(program.phase_rad, 2 * math.pi)
+    values = tuple(v.to(device=device, dtype=dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, phase))
+    bound = (torch.from_numpy(program.action).to(device), torch.from_numpy(program.record).to(device), values)
+    if program.constant:
+        program.bound[key] = (sources, bound)
+    return bound
 
 
 def _device_of(tissue) -> torch.device:
@@ -75,7 +91,7 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
         raise ValueError(f"path must be one of {_PATHS}, got {path!r}")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    packed = pack_tissue(tissue, dtype=dtype, active=active)  # validates, and tells the path
+    packed = pack_tissue(tissue, dtype=dtype, active=active, device=_device_of(tissue))  # validates; tells the path
     program = compile_program(
         description,
         repetitions=repetitions,
@@ -90,7 +106,7 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
             "and no B0, B1phase, v or pool shifts; this sequence or tissue needs the complex path"
         )
     static, inputs, voxel_shape = bind(program, tissue, dtype, checkpoint_stride=checkpoint_stride,
-                                       lineshape=lineshape, active=active)
+                                       lineshape=lineshape, active=active, packed=packed)
     return program, static, inputs, voxel_shape
 
 

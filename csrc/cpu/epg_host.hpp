@@ -34,7 +34,7 @@ void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb,
     io.tan_stride = V * pb.S;
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
       io.base = v * pb.S;
-      forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), work, io);
+      forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), Ref<S>{work, 1}, io);
     }
   });
 }
@@ -85,7 +85,7 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
     const EventGrad<N> eg{block_grads.data() + b * nev, E};
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
       io.base = v * pb.S;
-      vjp_voxel_out<N, S>(pb, v, work, store, table_acc, io, eg, out);
+      vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, Ref<S>{store, 1}, table_acc, io, eg, out);
     }
   });
   // Reduce blocks in order, in double.

@@ -59,11 +59,9 @@ __device__ __forceinline__ Problem<R> specialise(Problem<R> pb) {
   return pb;
 }
 
-// Scratch a voxel needs in device memory, in S: work states (KC = 0 only) and, for adjoints, the store.
-template <class R>
-BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
-  return (in_registers ? 0 : 3 * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
-}
+// Threads interleave in device scratch (launch_rules.hpp sizes it): element i of thread t at
+// scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
+__device__ __forceinline__ int64_t launched_threads() { return int64_t(gridDim.x) * blockDim.x; }
 
 template <class N, class S, int KC, class R>
 __global__ void __launch_bounds__(128) forward_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io, S* scratch) {
@@ -73,9 +71,9 @@ __global__ void __launch_bounds__(128) forward_kernel(const Problem<R> pb_in, in
   io.base = v * pb.S;
   if constexpr (KC > 0) {
     S work[3 * KC];
-    forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), work, io);
+    forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), Ref<S>{work, 1}, io);
   } else {
-    forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), scratch + v * 3 * state_size(pb), io);
+    forward_voxel<N, S>(pb, v, load_voxel<N>(pb, v), Ref<S>{scratch + v, launched_threads()}, io);
   }
 }
 
@@ -93,12 +91,11 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
     io.signal = nullptr;
     out = GradOut<R>{};
   }
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, KC > 0);
-  S* mine = scratch + thread * per_voxel;
+  const Ref<S> mine{scratch + thread, launched_threads()};
   N* table_acc = table_scratch + thread * table_total;
   if constexpr (KC > 0) {
     S work[3 * 3 * KC];
-    vjp_voxel_out<N, S>(pb, v, work, mine, table_acc, io, eg, out);
+    vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, mine, table_acc, io, eg, out);
   } else {
     vjp_voxel_out<N, S>(pb, v, mine, mine + 3 * state_size(pb), table_acc, io, eg, out);
   }

@@ -3,43 +3,13 @@
 
 #include <string>
 
+#include "blochsim/launch_rules.hpp"
 #include "epg_device.cuh"
 
 namespace bs {
 
-// Threads per block: 128, or 32 when there are too few voxels to give every multiprocessor several
-// blocks of 128 (a thread per voxel leaves small problems latency-bound; smaller blocks spread them).
-inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
-
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-// The compile-time order count a launch uses: 32 (states in registers) for pool model 0 at a real number
-// type, else 0 (run-time K, states in device scratch). Dual types are not specialised: unrolled, their
-// kernels take ptxas minutes and spill anyway.
-template <class N, class R>
-inline int registers_layout(const Problem<R>& pb) {
-  return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
-}
-
-inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
-inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
-
-template <class N, class S, class R>
-inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return registers_layout<N>(pb) ? 0 : int64_t(sizeof(S)) * V * 3 * state_size(pb);
-}
-
-template <class N, class S, class R>
-inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  const int64_t padded = padded_voxels(V);
-  int64_t sizes[5];
-  table_sizes(pb, sizes);
-  const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
-  const int64_t states = (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
-  return states + int64_t(sizeof(N)) * padded * table_total;
 }
 
 template <class N, class S, class R>
@@ -94,24 +64,18 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
-  int64_t sizes[5];
-  table_sizes(pb, sizes);
-  const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-  const int64_t padded = padded_voxels(V);
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
-  const int64_t states = (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
   S* state_scratch = static_cast<S*>(scratch);
-  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + states);
+  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V));
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {
     if (registers_layout<N>(pb) == 32) {
       vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch,
-                                                       table_total);
+                                                       table_total(pb));
       check_cuda(cudaGetLastError(), "adjoint kernel launch");
       return;
     }
   }
-  vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total);
+  vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total(pb));
   check_cuda(cudaGetLastError(), "adjoint kernel launch");
 }
 

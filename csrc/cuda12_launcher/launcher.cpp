@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "blochsim/abi_guard.hpp"
+#include "blochsim/launch_rules.hpp"
 #include "blochsim/unpack.hpp"
 #include "cu12_kernels.h"
 #include "cuda12_launcher/params.hpp"
@@ -44,12 +45,6 @@ extern "C" const unsigned char bs12_fatbin[];
 
 namespace bs {
 namespace {
-
-// As epg_launch.cuh: 128 threads per block, or 32 when there are too few voxels to give every
-// multiprocessor several blocks of 128.
-inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
-inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
-inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
 
 void check_cuda(cudaError_t status, const std::string& what) {
   if (status != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(status));
@@ -170,41 +165,6 @@ void launch(const std::string& expression, int64_t V, cudaStream_t stream, A... 
   d.check(d.launch_kernel(kernel, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
                           params, nullptr),
           "kernel launch " + expression);
-}
-
-// ---- as csrc/cuda/epg_device.cuh and epg_launch.cuh ----------------------------------------------------
-template <class R>
-int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
-  return (in_registers ? 0 : 3 * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
-}
-
-template <class N, class R>
-int registers_layout(const Problem<R>& pb) {
-  return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
-}
-
-template <class N, class S, class R>
-int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return registers_layout<N>(pb) ? 0 : int64_t(sizeof(S)) * V * 3 * state_size(pb);
-}
-
-template <class N, class S, class R>
-int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V) {
-  const int64_t padded = padded_voxels(V);
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
-  return (int64_t(sizeof(S)) * padded * per_voxel + 255) / 256 * 256;
-}
-
-template <class R>
-int64_t table_total(const Problem<R>& pb) {
-  int64_t sizes[5];
-  table_sizes(pb, sizes);
-  return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-}
-
-template <class N, class S, class R>
-int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return vjp_state_bytes<N, S>(pb, V) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
 }
 
 template <class N, class S, class R>

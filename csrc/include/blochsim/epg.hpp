@@ -150,11 +150,21 @@ BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t i) {
 }
 
 // ---- states -------------------------------------------------------------------------------------------
+// Where a voxel's states live: element k at p[k * st]. st = 1 on the host and for register arrays; the
+// device's scratch interleaves voxels (st = number of threads), so a warp's accesses coalesce.
+template <class S>
+struct Ref {
+  S* p;
+  int64_t st;
+  BS_HD S& operator[](int64_t k) const { return p[k * st]; }
+  BS_HD Ref operator+(int64_t n) const { return Ref{p + n * st, st}; }
+};
+
 template <class S>
 struct Planes {
-  S* p;  // F+ (real path: f)
-  S* m;  // F- (real path: g)
-  S* z;  // Z
+  Ref<S> p;  // F+ (real path: f)
+  Ref<S> m;  // F- (real path: g)
+  Ref<S> z;  // Z
 };
 
 template <class S>

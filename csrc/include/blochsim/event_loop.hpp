@@ -184,12 +184,12 @@ BS_HD int64_t store_states(const Problem<R>& pb) {
   return pb.stride + (n + pb.stride - 1) / pb.stride;
 }
 template <class S, class R>
-BS_HD State<S> state_at(const Problem<R>& pb, S* base, int64_t index) {
+BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index) {
   return State<S>{base + state_size(pb) * index, pb.K, pb.nt, pb.nl};
 }
 
 template <class N, class S, class R>
-BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* work, const SampleIO<N>& io) {
+BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, const SampleIO<N>& io) {
   State<S> x = state_at(pb, work, 0);
   equilibrium_state<S, N>(pb, v, x);
   const int64_t n = pb.E * pb.reps;
@@ -199,7 +199,7 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* 
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
 // replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set.
 template <class N, class S, class R, class EG>
-BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S* work, S* store, const SampleIO<N>& io,
+BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
                      VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride;
   State<S> x = state_at(pb, work, 0), tmp = state_at(pb, work, 1), l = state_at(pb, work, 2);
@@ -249,7 +249,7 @@ struct GradOut {
 // The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg.
 // `table_acc` is scratch of at least the sum of table_sizes N.
 template <class N, class S, class R, class EG>
-BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, S* work, S* store, N* table_acc, const SampleIO<N>& io,
+BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, N* table_acc, const SampleIO<N>& io,
                          const EG& eg, const GradOut<R>& out) {
   const Voxel<N> t = load_voxel<N>(pb, v);
   int64_t sizes[5];

@@ -22,13 +22,13 @@ constexpr int kMaxPools = 8;
 // A state of nt transverse and nl longitudinal pools: planes F+(p), F-(p) for p < nt, then Z(q) for q < nl.
 template <class S>
 struct State {
-  S* base;
+  Ref<S> base;
   int64_t K;
   int nt, nl;
   BS_HD int planes() const { return 2 * nt + nl; }
-  BS_HD S* fp(int p) const { return base + (2 * p) * K; }
-  BS_HD S* fm(int p) const { return base + (2 * p + 1) * K; }
-  BS_HD S* z(int q) const { return base + (2 * nt + q) * K; }
+  BS_HD Ref<S> fp(int p) const { return base + (2 * p) * K; }
+  BS_HD Ref<S> fm(int p) const { return base + (2 * p + 1) * K; }
+  BS_HD Ref<S> z(int q) const { return base + (2 * nt + q) * K; }
   BS_HD Planes<S> water(int p) const { return Planes<S>{fp(p), fm(p), z(p)}; }
 };
 

@@ -1,0 +1,55 @@
+// Launch rules of the CUDA kernels, shared by the nvcc host code (csrc/cuda/epg_launch.cuh) and the CUDA 12
+// launcher built by g++ (csrc/cuda12_launcher/launcher.cpp): block size, the compile-time layout a launch
+// uses, and the device scratch it needs. Plain C++: no CUDA headers.
+#pragma once
+
+#include "blochsim/event_loop.hpp"
+
+namespace bs {
+
+// Threads per block: 128, or 32 when there are too few voxels to give every multiprocessor several
+// blocks of 128 (a thread per voxel leaves small problems latency-bound; smaller blocks spread them).
+inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
+inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
+inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
+
+// The compile-time order count a launch uses: 32 (states in registers) for pool model 0 at a real number
+// type, else 0 (run-time K, states in device scratch). Dual types are not specialised: unrolled, their
+// kernels take ptxas minutes and spill anyway.
+template <class N, class R>
+inline int registers_layout(const Problem<R>& pb) {
+  return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
+}
+
+// Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
+// for an adjoint) and, for adjoints, the store. Threads interleave there (epg_device.cuh): element i of
+// thread t at scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
+template <class R>
+inline int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
+  return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
+}
+
+template <class N, class S, class R>
+inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
+  return int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
+}
+
+template <class N, class S, class R>
+inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V) {
+  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
+  return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
+}
+
+template <class R>
+inline int64_t table_total(const Problem<R>& pb) {
+  int64_t sizes[5];
+  table_sizes(pb, sizes);
+  return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+}
+
+template <class N, class S, class R>
+inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
+  return vjp_state_bytes<N, S>(pb, V) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
+}
+
+}  // namespace bs

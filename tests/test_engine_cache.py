@@ -1,0 +1,71 @@
+"""Programs kept on their descriptions: reused only while nothing is differentiated; the GPU's expm series."""
+
+import math
+
+import torch
+
+from blochsim import engine
+from blochsim.engine.pools import expm
+from blochsim.engine.program import compile_program
+from blochsim.sequence import TissueProperties, mrf_description
+
+FLIPS = torch.deg2rad(torch.linspace(5, 60, 40, dtype=torch.float64))
+TISSUE = TissueProperties(t1_ms=torch.tensor([800.0, 1200.0]), t2_ms=torch.tensor([60.0, 90.0]))
+
+
+def test_constant_program_is_reused_with_its_device_values():
+    d = mrf_description(FLIPS, 0.01)
+    p1 = compile_program(d, states=16)
+    p2 = compile_program(d, states=16)
+    assert p2.flip_rad is p1.flip_rad and p2.bound is p1.bound  # one compilation, copies handed out
+    assert compile_program(d, states=17).flip_rad is not p1.flip_rad  # other arguments, other program
+    first = engine.simulate(d, TISSUE, states=16)
+    assert p1.bound, "the values moved to the device are kept on the program"
+    again = engine.simulate(d, TISSUE, states=16)
+    assert torch.equal(first, again)
+
+
+def test_a_copy_with_other_values_does_not_reuse_the_device_values():
+    import dataclasses
+
+    from blochsim.engine.simulate import bind
+    d = mrf_description(FLIPS, 0.01)
+    p = compile_program(d, states=16)
+    bind(p, TISSUE, torch.float32)
+    half = dataclasses.replace(p, flip_rad=p.flip_rad / 2)
+    _, inputs, _ = bind(half, TISSUE, torch.float32)
+    assert torch.allclose(inputs[2].double(), p.flip_rad / 2)
+    p.num_states = 8  # a caller's own copy: the kept program is not changed
+    assert compile_program(d, states=16).num_states == 16
+
+
+def test_differentiated_program_is_compiled_every_call_and_carries_gradients():
+    flips = FLIPS.clone().requires_grad_()
+    d = mrf_description(flips, 0.01)
+    assert compile_program(d, states=16) is not compile_program(d, states=16)
+    g = []
+    for _ in range(2):  # a kept graph would fail the second backward
+        s = engine.simulate(d, TISSUE, states=16)
+        g.append(torch.autograd.grad(s.abs().square().sum(), flips)[0])
+    assert torch.equal(g[0], g[1]) and g[0].abs().sum() > 0
+
+
+def test_no_grad_compilation_is_not_kept_for_later_gradients():
+    flips = FLIPS.clone().requires_grad_()
+    d = mrf_description(flips, 0.01)
+    with torch.no_grad():
+        engine.simulate(d, TISSUE, states=16)
+    s = engine.simulate(d, TISSUE, states=16)
+    assert s.requires_grad
+
+
+def test_expm_matmul_series_matches_entrywise_and_matrix_exp():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(64, 4, 4, dtype=torch.float64, generator=g) * 3
+    ref = torch.linalg.matrix_exp(a)
+    entry, mat = expm(a, matmul=False), expm(a, matmul=True)
+    # Same series in another order: they agree to rounding; matrix_exp to its own ~1e-11 here.
+    assert (entry - mat).abs().max() < 1e-12 * ref.abs().max()
+    assert (mat - ref).abs().max() < 1e-9 * ref.abs().max()
+    c = torch.complex(a, a.flip(-1)) * (1 / math.sqrt(2))
+    assert (expm(c, matmul=True) - torch.linalg.matrix_exp(c)).abs().max() < 1e-9 * c.abs().max().exp()
