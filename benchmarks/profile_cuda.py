@@ -45,7 +45,8 @@ def main() -> None:
                 other += us
                 launches += 1
         desc = ", ".join(f"{k} {v:.2f}" for k, v in names.items())
-        print(f"{name:<18}{n:>9}{1e3 * wall:>9.2f}{bs / 1e3:>9.2f}{other / 1e3:>10.2f}{launches:>9}  {desc}", flush=True)
+        row = f"{name:<18}{n:>9}{1e3 * wall:>9.2f}{bs / 1e3:>9.2f}{other / 1e3:>10.2f}{launches:>9}"
+        print(f"{row}  {desc}", flush=True)
         if table:
             print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=50))
 

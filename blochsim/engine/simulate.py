@@ -65,7 +65,7 @@ def _program_values(program: Program, device, dtype):
     of a program share the store, so an entry holds the value tensors it was made from and serves only them."""
     key, sources = (device, dtype), (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad)
     hit = program.bound.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], sources)):  # copies share `bound`: same values?
+    if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):  # copies share `bound`
         return hit[1]
     # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
     phase = torch.remainder(program.phase_rad, 2 * math.pi)

@@ -57,6 +57,15 @@ class SequenceDescription:
                 f"tr_duration_us = {as_float(self.tr_duration_us)} us is shorter than the last event's "
                 f"timestamp_us = {previous} us: a repetition must contain its events"
             )
+        self._check_settings()
+        for i, event in enumerate(self.events):
+            if event.type == 1 and event.rf_definition_id not in self.rf_definitions:
+                raise ValueError(
+                    f"events[{i}] plays RF definition {event.rf_definition_id}, which rf_definitions "
+                    f"does not hold (it holds {sorted(self.rf_definitions)})"
+                )
+
+    def _check_settings(self) -> None:
         check_nonnegative("crusher_dephasing_rad", abs(float(self.crusher_dephasing_rad)), "rad")
         if self.voxel_size_m is not None:
             v = float(self.voxel_size_m)
@@ -65,12 +74,23 @@ class SequenceDescription:
         r = float(self.rf_raster_time_s)
         if not (math.isfinite(r) and r > 0):
             raise ValueError(f"rf_raster_time_s must be > 0 s, got {self.rf_raster_time_s!r}")
-        for i, event in enumerate(self.events):
-            if event.type == 1 and event.rf_definition_id not in self.rf_definitions:
-                raise ValueError(
-                    f"events[{i}] plays RF definition {event.rf_definition_id}, which rf_definitions "
-                    f"does not hold (it holds {sorted(self.rf_definitions)})"
-                )
+
+    @classmethod
+    def _from_ordered_events(cls, events: tuple, end_s: Any, *, crusher_dephasing_rad: float = 0.0,
+                             voxel_size_m: float | None = None) -> SequenceDescription:
+        """What `from_operators` gives for operators that emit `events` and end at `end_s` (s), from
+        `start_s = 0` with the ideal definition 0 and no shims, for callers (the builders) whose events
+        are `SequenceEvent`s in time order that end by `end_s` and play definition 0 only: the checks
+        of each event are skipped, those of the settings are not."""
+        description = object.__new__(cls)
+        for name, value in (("subsequence_index", 0), ("tr_duration_us", end_s * 1e6), ("events", events),
+                            ("rf_definitions", {0: ideal_rf_definition()}), ("shim_definitions", {}),
+                            ("crusher_dephasing_rad", crusher_dephasing_rad), ("voxel_size_m", voxel_size_m),
+                            ("rf_raster_time_s", 1e-6)):
+            object.__setattr__(description, name, value)
+        check_nonnegative("tr_duration_us", description.tr_duration_us, "us")
+        description._check_settings()
+        return description
 
     @property
     def adc_events(self) -> tuple:

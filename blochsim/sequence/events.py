@@ -83,7 +83,9 @@ def as_float(value: Any) -> float:
 
 def check_finite(name: str, value: Any) -> None:
     """Raise `ValueError` if `value` (number or tensor) holds NaN or an infinity."""
-    if isinstance(value, torch.Tensor):
+    if type(value) is float:  # the common case first
+        ok = math.isfinite(value)
+    elif isinstance(value, torch.Tensor):
         ok = bool(torch.isfinite(value.detach()).all())
     else:
         ok = math.isfinite(float(value))
@@ -104,6 +106,10 @@ def check_nonnegative(name: str, value: Any, unit: str) -> None:
 
 def check_action(action: Any) -> EventAction:
     """Validate an action word given by a user: only USER_ACTIONS bits are accepted."""
+    if type(action) is EventAction or type(action) is int:  # hot path: a table look-up, no enum call
+        checked = _USER_ACTION_WORDS.get(action)
+        if checked is not None:
+            return checked
     try:
         bits = int(action)
     except (TypeError, ValueError):
@@ -114,6 +120,13 @@ def check_action(action: Any) -> EventAction:
             "CRUSH_BEFORE=1, CRUSH_AFTER=2, SPOIL_AFTER=8, SHIFT_AFTER=16 (packing adds the others)"
         )
     return EventAction(bits)
+
+
+#: bits -> EventAction for every word of USER_ACTIONS bits (the values `check_action` returns).
+_USER_ACTION_WORDS = {bits: EventAction(bits) for bits in range(int(USER_ACTIONS) + 1) if not bits & ~int(USER_ACTIONS)}
+
+#: Params per event type.
+_PARAM_COUNTS = {EventType.WAIT: 0, EventType.RF: 7, EventType.ADC: 3}
 
 
 @dataclass(frozen=True)
@@ -131,14 +144,18 @@ class SequenceEvent:
     action: EventAction = EventAction.NONE
 
     def __post_init__(self) -> None:
-        try:
-            kind = EventType(int(self.type))
-        except ValueError:
-            raise ValueError(f"type must be an EventType (WAIT=0, RF=1, ADC=2), got {self.type!r}") from None
-        object.__setattr__(self, "type", kind)
-        check_nonnegative("timestamp_us", self.timestamp_us, "us")
+        kind = self.type
+        if type(kind) is not EventType:
+            try:
+                kind = EventType(int(kind))
+            except ValueError:
+                raise ValueError(f"type must be an EventType (WAIT=0, RF=1, ADC=2), got {self.type!r}") from None
+            object.__setattr__(self, "type", kind)
+        t = self.timestamp_us
+        if not (type(t) is float and 0.0 <= t < math.inf):  # a finite float >= 0 needs no further look
+            check_nonnegative("timestamp_us", t, "us")
         object.__setattr__(self, "action", check_action(self.action))
-        expected = {EventType.WAIT: 0, EventType.RF: 7, EventType.ADC: 3}[kind]
+        expected = _PARAM_COUNTS[kind]
         if len(self.params) != expected:
             raise ValueError(f"a {kind.name} event takes {expected} params, got {len(self.params)}")
 
@@ -160,10 +177,11 @@ class SequenceEvent:
         slice_select_gradient_hz_per_m: float = 0.0,
         action: EventAction = EventAction.NONE,
     ) -> SequenceEvent:
-        try:
-            use = RfUse(int(use))
-        except ValueError:
-            raise ValueError(f"use must be an RfUse (0..6), got {use!r}") from None
+        if type(use) is not RfUse:
+            try:
+                use = RfUse(int(use))
+            except ValueError:
+                raise ValueError(f"use must be an RfUse (0..6), got {use!r}") from None
         check_finite("amplitude_hz", amplitude_hz)
         check_finite("phase_rad", phase_rad)
         check_finite("frequency_hz", frequency_hz)
@@ -185,10 +203,11 @@ class SequenceEvent:
         is_echo: bool = True,
         action: EventAction = EventAction.NONE,
     ) -> SequenceEvent:
-        try:
-            role = AdcRole(int(role))
-        except ValueError:
-            raise ValueError(f"role must be an AdcRole (0..3), got {role!r}") from None
+        if type(role) is not AdcRole:
+            try:
+                role = AdcRole(int(role))
+            except ValueError:
+                raise ValueError(f"role must be an AdcRole (0..3), got {role!r}") from None
         check_finite("phase_rad", phase_rad)
         return cls(EventType.ADC, timestamp_us, (role, phase_rad, bool(is_echo)), action)
 
@@ -237,3 +256,19 @@ class SequenceEvent:
     @property
     def is_echo(self) -> bool:
         return self._param(EventType.ADC, 2, "is_echo")
+
+
+_new = object.__new__
+
+
+def trusted_event(kind: EventType, timestamp_us: Any, params: tuple, action: EventAction) -> SequenceEvent:
+    """A `SequenceEvent` built from values its caller has already validated, without `__post_init__`.
+
+    For the hot paths of the package only (operators, builders): `kind` must be an
+    `EventType` member, `timestamp_us` a finite time >= 0, `params` the tuple `rf` or
+    `adc` builds (enum members, checked values) and `action` a value of `check_action`.
+    The event is the one the dataclass constructor gives for the same values.
+    """
+    event = _new(SequenceEvent)
+    event.__dict__.update(type=kind, timestamp_us=timestamp_us, params=params, action=action)
+    return event

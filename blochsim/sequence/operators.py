@@ -32,7 +32,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .events import AdcRole, EventAction, EventType, RfUse, SequenceEvent, as_float, check_action, check_finite
+from .events import (
+    AdcRole,
+    EventAction,
+    EventType,
+    RfUse,
+    SequenceEvent,
+    as_float,
+    check_action,
+    check_finite,
+    trusted_event,
+)
 
 __all__ = [
     "Operator",
@@ -61,6 +71,8 @@ __all__ = [
 # -- value helpers ----------------------------------------------------------------------------
 def _time_s(name: str, value: Any) -> Any:
     """A finite time >= 0 in s: a Python float, or a 0-d float64 tensor (kept differentiable)."""
+    if type(value) is float and 0.0 <= value < math.inf:  # the common case, checked at once
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a single time in s (a number or 0-d tensor), got shape "
@@ -81,6 +93,8 @@ def _time_s(name: str, value: Any) -> Any:
 
 def _value(name: str, value: Any) -> Any:
     """A finite angle (rad) or frequency (Hz): a float, or a tensor of shape () or (trains,) kept as given."""
+    if type(value) is float and math.isfinite(value):  # the common case, checked at once
+        return value
     if not isinstance(value, torch.Tensor):
         try:
             array = np.asarray(value, dtype=np.float64)
@@ -110,14 +124,7 @@ def _index(name: str, value: Any) -> int:
 def _at(event: SequenceEvent, start_s: Any) -> SequenceEvent:
     """`event` moved to `start_s` (s). The prototype was validated when it was built and `start_s` is a sum
     of validated durations, so the copy skips `__post_init__` (half the cost of building a long train)."""
-    moved = object.__new__(SequenceEvent)
-    for name, value in ((f, getattr(event, f)) for f in _EVENT_FIELDS):
-        object.__setattr__(moved, name, value)
-    object.__setattr__(moved, "timestamp_us", start_s * 1e6)
-    return moved
-
-
-_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(SequenceEvent))
+    return trusted_event(event.type, start_s * 1e6, event.params, event.action)
 
 
 # -- Operator and composition -----------------------------------------------------------------
@@ -167,7 +174,8 @@ def _links(op: Operator) -> tuple:
     """The operators `op` plays back to back: its chain's links, or `op` itself. A chain re-wrapped
     with another duration (`Operator(chain_op.emit, other_s)`) stays one link."""
     chain = op.emit
-    if isinstance(chain, _Chain) and as_float(chain.duration_s) == as_float(op.duration_s):
+    if isinstance(chain, _Chain) and (chain.duration_s is op.duration_s
+                                  or as_float(chain.duration_s) == as_float(op.duration_s)):
         return chain.links
     return (op,)
 
