@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 import torch
 
-__all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number"]
+__all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes"]
 
 
 def library_of(value) -> str | None:
@@ -109,3 +109,16 @@ def as_number(value):
     if lib in ("numpy", "cupy") and value.ndim == 0:
         return value.item()
     return value
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    """NumPy broadcasting of shapes (torch.broadcast_shapes imports sympy on first use: ~0.4 s)."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, n in enumerate(shape, start=ndim - len(shape)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)

@@ -45,6 +45,10 @@ POOLS = {
     "poolb": dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0),
     "poolb+mt": dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0,
                      bound_fraction=0.1, bound_exchange_hz=4.3),
+    "five": dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0,
+                 pool_c_fraction=0.05, pool_c_exchange_hz=20.0, t1_pool_c_ms=800.0, t2_pool_c_ms=40.0,
+                 pool_c_shift_hz=50.0, pool_d_fraction=0.03, pool_d_exchange_hz=30.0, t1_pool_d_ms=900.0,
+                 t2_pool_d_ms=60.0, pool_d_shift_hz=-80.0, bound_fraction=0.1, bound_exchange_hz=4.3),
 }
 
 
@@ -69,12 +73,21 @@ def tissue(device, pools="free", n=300, b0=False):
     return TissueProperties(t1_ms=t1.to(device), t2_ms=t2.to(device), **extra)
 
 
-CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, True) for states in (10, 32)
-         if not (pools != "free" and states == 32)]
+CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, True) for states in (10, 32, 40)
+         if not (pools != "free" and states != 10)]
+# Forward and JVP launch a warp per voxel (orders across lanes; 40 orders: two per lane) or a thread per
+# voxel (launch_rules.hpp); both are held to the host.
+MAPPINGS = ("warp", "thread")
+
+
+@pytest.fixture(params=MAPPINGS)
+def mapping(request, monkeypatch):
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("pools,quadratic,states", CASES)
-def test_forward_matches_host(pools, quadratic, states):
+def test_forward_matches_host(pools, quadratic, states, mapping):
     flips, phases = train(quadratic=quadratic)
     d = mrf_description(flips, 0.01, phases_rad=phases)
     gpu = engine.simulate(d, tissue("cuda", pools, b0=quadratic), states=states)
@@ -84,7 +97,7 @@ def test_forward_matches_host(pools, quadratic, states):
 
 
 @pytest.mark.parametrize("pools,quadratic,states", CASES)
-def test_first_and_second_derivatives_match_host(pools, quadratic, states):
+def test_first_and_second_derivatives_match_host(pools, quadratic, states, mapping):
     results = {}
     for device in ("cpu", "cuda"):
         flips, phases = train(quadratic=quadratic)
@@ -105,7 +118,22 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states):
     assert rel(gpu[4], cpu[4]) < 1e-3 and rel(gpu[5], cpu[5]) < 1e-3
 
 
-def test_results_stay_on_the_device_and_odd_voxel_counts_work():
+@pytest.mark.parametrize("states", (10, 40))
+def test_order_dependent_physics_matches_host(states, mapping):
+    """Diffusion and flow factors depend on the order: a lane must use its own orders, not 0..K/32."""
+    flips, _ = train()
+    d = mrf_description(flips, 0.01, crusher_dephasing_rad=2 * math.pi, voxel_size_m=1e-3)
+    results = {}
+    for device in ("cpu", "cuda"):
+        t = tissue(device)
+        n = t.t1_ms.numel()
+        t = TissueProperties(t1_ms=t.t1_ms, t2_ms=t.t2_ms, diffusion_um2_per_ms=torch.linspace(0.5, 3, n).to(device),
+                             velocity_m_per_s=torch.linspace(-0.01, 0.01, n).to(device))
+        results[device] = engine.simulate(d, t, states=states)
+    assert rel(results["cuda"], results["cpu"]) < 1e-5
+
+
+def test_results_stay_on_the_device_and_odd_voxel_counts_work(mapping):
     flips, _ = train(n=12)
     d = mrf_description(flips, 0.01)
     for n in (1, 31, 33, 129):
@@ -119,6 +147,11 @@ def test_results_stay_on_the_device_and_odd_voxel_counts_work():
 @pytest.mark.skipif(os.environ.get("BLOCHSIM_SANITIZER_CASE") is None, reason="run by scripts/run_gpu_tests.sh")
 def test_sanitizer_case():
     """A small case of every family, for compute-sanitizer (memcheck, racecheck)."""
-    for pools in POOLS:
-        test_forward_matches_host(pools, True, 10)
-        test_first_and_second_derivatives_match_host(pools, True, 10)
+    for mapping in MAPPINGS:
+        os.environ["BLOCHSIM_CUDA_MAPPING"] = mapping
+        try:
+            for pools in POOLS:
+                test_forward_matches_host(pools, True, 10, mapping)
+                test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
+        finally:
+            del os.environ["BLOCHSIM_CUDA_MAPPING"]

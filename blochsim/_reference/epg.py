@@ -93,6 +93,7 @@ from typing import Any
 
 import torch
 
+from .._arrays import broadcast_shapes
 from ..sequence.events import AdcRole, EventAction, EventType, RfUse
 from ..sequence.tissue import POOL_LETTERS, TissueProperties
 from .lineshape import LINESHAPES, absorption_lineshape
@@ -214,7 +215,7 @@ def _pools(tissue: TissueProperties) -> tuple[_Pools, dict]:
     """Pool tables and the float64 field values (broadcast to the voxel shape) of `tissue`."""
     raw = dict(tissue.items())
     tensors = [v for v in raw.values() if isinstance(v, torch.Tensor)]
-    voxel_shape = torch.broadcast_shapes(*(t.shape for t in tensors)) if tensors else torch.Size([])
+    voxel_shape = broadcast_shapes(*(t.shape for t in tensors)) if tensors else torch.Size([])
     values = {name: torch.broadcast_to(_f64(v), voxel_shape) for name, v in raw.items()}
     _validate_tissue(values, voxel_shape)
 

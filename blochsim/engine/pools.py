@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._arrays import broadcast_shapes
 from .._reference.lineshape import LINESHAPES, absorption_lineshape
 from ..sequence.tissue import POOL_LETTERS
 
@@ -118,7 +119,7 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
     f_free = 1.0 - sum(f_pools) if f_pools else torch.ones((), **f64)
     b0 = get("b0_hz")
     nl, nt = model.num_longitudinal, model.num_transverse
-    shape = torch.broadcast_shapes(*[t.shape for t in fields.values()]) if fields else ()
+    shape = broadcast_shapes(*[t.shape for t in fields.values()]) if fields else ()
     full = lambda t: torch.as_tensor(t, **f64).expand(shape)  # noqa: E731
 
     # Longitudinal generator A (*V, nl, nl) and transverse C (*V, nt, nt).
@@ -185,13 +186,16 @@ def expm(a: torch.Tensor, terms: int = 12, *, matmul: bool | None = None) -> tor
     norm = float(a.detach().abs().sum(-1).amax()) if a.numel() else 0.0
     s = max(0, math.ceil(math.log2(norm / 0.5))) if norm > 0.5 else 0
     if matmul if matmul is not None else a.device.type != "cpu":
+        def mm(p, q):  # broadcast multiply and sum: no cuBLAS (its first use costs ~1 s), n <= 8
+            return (p[..., :, :, None] * q[..., None, :, :]).sum(-2)
+
         x = a / (2.0**s)
         eye = torch.eye(n, dtype=a.dtype, device=a.device)
         result = eye + x / terms
         for k in range(terms - 1, 0, -1):
-            result = eye + (x @ result) / k
+            result = eye + mm(x, result) / k
         for _ in range(s):
-            result = result @ result
+            result = mm(result, result)
         return result
     x = [[a[..., i, j] / (2.0**s) for j in range(n)] for i in range(n)]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _native as nat
+from .._arrays import broadcast_shapes
 from ..sequence.tissue import IDENTITY, TissueProperties
 from .program import differentiated
 
@@ -46,19 +47,6 @@ def _first_bad(mask: torch.Tensor) -> tuple[int, tuple]:
     count = int(mask.sum())
     index = tuple(int(i) for i in mask.nonzero()[0]) if count else ()
     return count, index
-
-
-def broadcast_shapes(*shapes) -> tuple:
-    """NumPy broadcasting of shapes (torch.broadcast_shapes imports sympy on first use: ~0.4 s)."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for shape in shapes:
-        for i, n in enumerate(shape, start=ndim - len(shape)):
-            if n != 1:
-                if out[i] not in (1, n):
-                    raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
-                out[i] = n
-    return tuple(out)
 
 
 def check_tissue(tissue: TissueProperties) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .._arrays import broadcast_shapes
 from .._errors import missing_property
 from ..engine.bind import broadcast_error
 from ..model import UNITS, Simulator
@@ -58,7 +59,7 @@ class Arranged:
         The broadcast is a no-op unless a given property did not enter the formula.
         """
         samples = self.sample_shape if sample_shape is None else tuple(sample_shape)
-        target = torch.broadcast_shapes(signal.shape, (*self.voxel_shape, *samples))
+        target = broadcast_shapes(signal.shape, (*self.voxel_shape, *samples))
         if tuple(signal.shape) != tuple(target):
             signal = signal.expand(target)
         return signal if signal.device == self.home else signal.to(self.home)
@@ -91,8 +92,8 @@ class ClosedForm(Simulator):
         check_times(**{name: properties[name] for name in _TISSUE_TIMES if name in properties})
         shapes = {name: tuple(value.shape) for name, value in properties.items()}
         try:
-            voxel_shape = tuple(torch.broadcast_shapes(*shapes.values())) if shapes else ()
-        except RuntimeError:
+            voxel_shape = tuple(broadcast_shapes(*shapes.values())) if shapes else ()
+        except ValueError:
             raise broadcast_error(shapes) from None
 
         home = None
@@ -108,8 +109,8 @@ class ClosedForm(Simulator):
             arrays = {name: tuple(protocol[name].shape) for name in names
                       if isinstance(protocol.get(name), torch.Tensor)}
             try:
-                sample_shape = tuple(torch.broadcast_shapes(*arrays.values())) if arrays else ()
-            except RuntimeError:
+                sample_shape = tuple(broadcast_shapes(*arrays.values())) if arrays else ()
+            except ValueError:
                 given = ", ".join(f"{name} {shape}" for name, shape in arrays.items())
                 raise ValueError(f"{simulator}: the protocol arrays must broadcast against each other (NumPy "
                                  f"rules), their broadcast is the sample axis; got {given}") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .._arrays import broadcast_shapes
 from .._errors import missing_property
 from ..model import SpinPhysics
 from ._closed_form import ClosedForm
@@ -41,8 +42,8 @@ class DiffusionSimulator(ClosedForm):
         samples = tuple(b.shape) if isinstance(b, torch.Tensor) else ()
         if isinstance(directions, torch.Tensor) and directions.dim():
             try:
-                samples = tuple(torch.broadcast_shapes(samples, tuple(directions.shape[:-1])))
-            except RuntimeError:
+                samples = tuple(broadcast_shapes(samples, tuple(directions.shape[:-1])))
+            except ValueError:
                 raise ValueError(f"DiffusionSimulator: directions must have shape (*b.shape, 3) = "
                                  f"{(*samples, 3)}, got {tuple(directions.shape)}") from None
         x = self.arrange(properties, dict(b=b, directions=directions), sample_shape=samples, device=device)

@@ -101,4 +101,78 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
   }
 }
 
+// ---- warp per voxel: orders across lanes ---------------------------------------------------------------
+// A warp simulates one voxel; lane l holds orders l * KPL .. l * KPL + KPL - 1 of every plane, in registers
+// (pool model 0) or in the lane's own local array (tabulated layouts, whose plane count is read at run time).
+// Per-event values and per-voxel tables are read by all lanes at one address (a broadcast); the shift moves
+// one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual); adjoints keep a thread
+// per voxel.
+__device__ __forceinline__ float shfl_up1(float x) { return __shfl_up_sync(0xffffffffu, x, 1); }
+__device__ __forceinline__ float shfl_down1(float x) { return __shfl_down_sync(0xffffffffu, x, 1); }
+template <class R, int P>
+__device__ __forceinline__ Dual<R, P> shfl_up1(Dual<R, P> x) {
+  x.v = shfl_up1(x.v);
+  for (int p = 0; p < P; ++p) x.d[p] = shfl_up1(x.d[p]);
+  return x;
+}
+template <class R, int P>
+__device__ __forceinline__ Dual<R, P> shfl_down1(Dual<R, P> x) {
+  x.v = shfl_down1(x.v);
+  for (int p = 0; p < P; ++p) x.d[p] = shfl_down1(x.d[p]);
+  return x;
+}
+template <class T>
+__device__ __forceinline__ Cx<T> shfl_up1(Cx<T> x) {
+  return Cx<T>{shfl_up1(x.re), shfl_up1(x.im)};
+}
+template <class T>
+__device__ __forceinline__ Cx<T> shfl_down1(Cx<T> x) {
+  return Cx<T>{shfl_down1(x.re), shfl_down1(x.im)};
+}
+
+// F+(k) -> F+(k+1), F-(k) -> F-(k-1) across the warp; orders >= K drop out; new F+(0) = conj(new F-(0)).
+struct WarpShift {
+  int lane;
+  int64_t K;  // orders of the voxel
+  template <class S>
+  __device__ void operator()(Planes<S> x, int64_t kpl) const {
+    const S up = shfl_up1(x.p[kpl - 1]);
+    const S down = shfl_down1(x.m[0]);
+    BS_UNROLL
+    for (int64_t j = kpl - 1; j > 0; --j) x.p[j] = x.p[j - 1];
+    x.p[0] = up;
+    BS_UNROLL
+    for (int64_t j = 0; j < kpl - 1; ++j) x.m[j] = x.m[j + 1];
+    x.m[kpl - 1] = lane == 31 ? S(0) : down;
+    BS_UNROLL
+    for (int64_t j = 0; j < kpl; ++j)
+      if (lane * kpl + j >= K) x.p[j] = x.m[j] = S(0);
+    if (lane == 0) x.p[0] = conj(x.m[0]);
+  }
+};
+
+template <class N, class S, int KPL, bool TAB, class R>
+__global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
+  const int lane = threadIdx.x & 31;
+  const int64_t v = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (v >= V) return;  // whole warps: v is the same on every lane
+  Problem<R> pb = pb_in;
+  if constexpr (!TAB) {
+    pb.nt = 1;
+    pb.nl = 1;
+    pb.tabulated = false;
+  }
+  constexpr int kPlanes = TAB ? 3 * kMaxPools : 3;
+  S work[kPlanes * KPL];
+  const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
+  zero_state(x);
+  if (lane == 0)
+    for (int q = 0; q < x.nl; ++q) x.z(q)[0] = TAB ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
+  io.base = v * pb.S;
+  const Voxel<N> t = load_voxel<N>(pb, v);
+  const WarpShift shift{lane, pb.K};
+  const int64_t n = pb.E * pb.reps;
+  for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
+}
+
 }  // namespace bs

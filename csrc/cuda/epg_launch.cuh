@@ -17,6 +17,23 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
                     cudaStream_t stream) {
   if (V == 0) return;
   if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
+  if (warp_mapping(pb, V, !std::is_same<N, S>::value)) {
+    const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
+    const bool two = warp_orders_per_lane(pb.K) == 2;
+    if (pb.tabulated) {
+      if (two)
+        forward_warp_kernel<N, S, 2, true><<<grid, block, 0, stream>>>(pb, V, io);
+      else
+        forward_warp_kernel<N, S, 1, true><<<grid, block, 0, stream>>>(pb, V, io);
+    } else {
+      if (two)
+        forward_warp_kernel<N, S, 2, false><<<grid, block, 0, stream>>>(pb, V, io);
+      else
+        forward_warp_kernel<N, S, 1, false><<<grid, block, 0, stream>>>(pb, V, io);
+    }
+    check_cuda(cudaGetLastError(), "forward kernel launch");
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {
     if (registers_layout<N>(pb) == 32) {

@@ -171,7 +171,7 @@ template <class N, class S, class R>
 void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void* scratch, int64_t scratch_bytes,
                     cudaStream_t stream) {
   if (V == 0) return;
-  if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
+  if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V, false)) throw std::invalid_argument("scratch is too small");
   const int kc = registers_layout<N>(pb);
   launch(kernel_name<N, S>("forward_kernel", kc), V, stream, pb, V, io, static_cast<S*>(scratch));
 }
@@ -297,7 +297,7 @@ int64_t vjp_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb
 }
 template <class N, class S>
 int64_t forward_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {
-  return forward_scratch_bytes<N, S>(make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels);
+  return forward_scratch_bytes<N, S>(make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels, false);
 }
 
 }  // namespace

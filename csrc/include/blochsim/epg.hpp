@@ -313,8 +313,9 @@ BS_HD Cx<N> as_cx(const N& x) {
   return Cx<N>(x);
 }
 
+// k0: the order of x's first entry (a lane of a warp holds orders k0 .. k0 + K - 1); recovery enters at order 0.
 template <class N, class S>
-BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c) {
+BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
   if (!c.diffusion && !c.flow) {
     Cx<N> ap, am, az;
     order_factors(c, 0, ap, am, az);
@@ -327,20 +328,20 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c) {
       apply_factor(x.m[k], am);
       apply_factor(x.z[k], az);
     }
-    x.z[0] += S(-az.re + typename Num<N>::Real(1));
+    if (k0 == 0) x.z[0] += S(-az.re + typename Num<N>::Real(1));
     return;
   }
   Cx<N> az0;
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     Cx<N> ap, am, az;
-    order_factors(c, k, ap, am, az);
+    order_factors(c, k + k0, ap, am, az);
     apply_factor(x.p[k], ap * c.w);
     apply_factor(x.m[k], am * c.w);
     apply_factor(x.z[k], az * c.w);
     if (k == 0) az0 = az * c.w;
   }
-  x.z[0] += S(-az0.re + typename Num<N>::Real(1));
+  if (k0 == 0) x.z[0] += S(-az0.re + typename Num<N>::Real(1));
 }
 
 // Sums over orders (and pools) of q = conj(lambda') * a_nowash * x, plain and weighted by the order terms

@@ -73,17 +73,25 @@ BS_HD void equilibrium_state(const Problem<R>& pb, int64_t v, State<S> x) {
   for (int q = 0; q < x.nl; ++q) x.z(q)[0] = pb.tabulated ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
 }
 
-template <class N, class S, class R>
+// The shift of one plane pair, within one voxel's array (a warp's lanes shift across lanes instead).
+struct LocalShift {
+  template <class S>
+  BS_HD void operator()(Planes<S> x, int64_t K) const {
+    shift(x, K);
+  }
+};
+
+template <class N, class S, class R, class Shift = LocalShift>
 BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        const SampleIO<N>* io) {
+                        const SampleIO<N>* io, const Shift& shift = Shift()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
-  const int64_t K = pb.K;
+  const int64_t K = x.K;  // orders held here: pb.K, or a lane's share
   if (ev.action & BS_INTERVAL) {
     const Interval<N> iv = make_interval(pb, t, ev.dt, pb.offres);
     if (pb.tabulated)
       relax_tables(pb, v, interval_row(pb, ev), iv, x);
     else
-      relax(x.water(0), K, iv);
+      relax(x.water(0), K, iv, x.k0);
   }
   if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < x.nt; ++p) shift(x.water(p), K);
@@ -95,7 +103,7 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, rot);
     if (x.nl > x.nt) saturate(x, alpha, fetch_table<N>(pb.table_sat, v, ev.e));
   }
-  if (io && io->signal && ev.record >= 0 && ev.last_rep) {
+  if (io && io->signal && ev.record >= 0 && ev.last_rep && x.k0 == 0) {
     Cx<N> sum;
     for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
     io->put(ev.record, sum * cis(-ev.phase) * t.m0);

@@ -3,6 +3,9 @@
 // uses, and the device scratch it needs. Plain C++: no CUDA headers.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "blochsim/event_loop.hpp"
 
 namespace bs {
@@ -21,6 +24,21 @@ inline int registers_layout(const Problem<R>& pb) {
   return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
 }
 
+// Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) for up to 64 orders while the
+// problem is small, else a thread per voxel. The switch points were measured on the H200 (docs/design.md,
+// benchmarks/results/mapping): the thread kernels do 32x less per-event work per voxel and win once there
+// are a few thousand voxels on the real path, about 10k on the complex path, 20k with pool tables.
+// BLOCHSIM_CUDA_MAPPING=thread|warp forces one (where the warp kernel applies), so benchmarks can compare.
+template <class R>
+inline bool warp_mapping(const Problem<R>& pb, int64_t V, bool complex_path) {
+  if (pb.K > 64) return false;
+  const char* forced = std::getenv("BLOCHSIM_CUDA_MAPPING");
+  if (forced && std::strcmp(forced, "thread") == 0) return false;
+  if (forced && std::strcmp(forced, "warp") == 0) return true;
+  return V <= (pb.tabulated ? 20000 : complex_path ? 10000 : 3000);
+}
+inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
+
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
 // for an adjoint) and, for adjoints, the store. Threads interleave there (epg_device.cuh): element i of
 // thread t at scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
@@ -29,8 +47,10 @@ inline int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool
   return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
 }
 
+// `warp_kernels`: the library has the warp kernels (the CUDA 12 launcher does not: a thread per voxel).
 template <class N, class S, class R>
-inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V) {
+inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if (warp_kernels && warp_mapping(pb, V, !std::is_same<N, S>::value)) return 0;
   return int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
 }
 

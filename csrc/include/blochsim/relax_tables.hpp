@@ -25,6 +25,7 @@ struct State {
   Ref<S> base;
   int64_t K;
   int nt, nl;
+  int64_t k0 = 0;  // order of local order 0: a lane of a warp holds orders k0 .. k0 + K - 1 (epg_device.cuh)
   BS_HD int planes() const { return 2 * nt + nl; }
   BS_HD Ref<S> fp(int p) const { return base + (2 * p) * K; }
   BS_HD Ref<S> fm(int p) const { return base + (2 * p + 1) * K; }
@@ -94,15 +95,15 @@ BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interv
   BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     Cx<N> ap, am, az;
-    order_factors(c, k, ap, am, az);
+    order_factors(c, k + x.k0, ap, am, az);
     S y[kMaxPools];
     for (int q = 0; q < nl; ++q) {
       S acc = S(0);
       for (int j = 0; j < nl; ++j) acc += x.z(j)[k] * tb.L[q][j];
-      y[q] = k == 0 ? acc + S(tb.r[q]) : acc;
+      y[q] = k + x.k0 == 0 ? acc + S(tb.r[q]) : acc;
     }
     for (int q = 0; q < nl; ++q)
-      x.z(q)[k] = k == 0 ? y[q] * c.w + S(tb.zeq[q] * (RR(1) - c.w)) : cmul(az * c.w, y[q]);
+      x.z(q)[k] = k + x.k0 == 0 ? y[q] * c.w + S(tb.zeq[q] * (RR(1) - c.w)) : cmul(az * c.w, y[q]);
     S yp[kMaxPools], ym[kMaxPools];
     for (int p = 0; p < nt; ++p) {
       S accp = S(0), accm = S(0);
