@@ -333,10 +333,6 @@ def test_forward_ad_matches_oracle(case_name, path, dtype):
     assert rel_max_err(got, oracle_jvp(case_name, path)) < FIRST[dtype]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: torch.func transforms wrap every tensor made under them, and "
-                   "the engine reads raw pointers: first program.py `(dt_s.detach() != 0).numpy()` fails with "
-                   "'Cannot access data pointer of Tensor that doesn't have storage'; past that, Static.action "
-                   "(torch.from_numpy under the transform) and EpgSimulate.jvp's saved tensors fail the same way")
 @pytest.mark.parametrize("path", PATHS)
 def test_torch_func_jvp_matches_oracle(path):
     """torch.func.jvp through engine.simulate (the functorch front end of forward mode), tissue tangents only."""

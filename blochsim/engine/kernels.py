@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _native as nat
+from .program import plain
 
 __all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS", "TABLE_START"]
 
@@ -62,7 +63,7 @@ def num_threads() -> int:
 
 
 def _ptr(t):
-    return None if t is None else t.data_ptr()
+    return None if t is None else plain(t).data_ptr()
 
 
 def _dtype_code(dtype) -> int:

@@ -76,6 +76,16 @@ def default_states(description, repetitions: int) -> int:
     return max(8, min(64, 1 + repetitions * shifts_per_repetition(description)))
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` without torch.func's wrappers (every tensor made under a transform is wrapped and has no storage).
+
+    Only for reading values that carry no derivative (structure, constants); derivatives flow through
+    the autograd Functions, which torch.func calls with unwrapped tensors."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def differentiated(x) -> bool:
     """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
     return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
@@ -198,7 +208,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
     action = np.asarray(actions, dtype=np.int32)
     if states is None:  # API.md 2.1, as engine.default_states counts it
         states = max(8, min(64, 1 + repetitions * _count_windings(action)))
-    nonzero = (dt_s.detach() != 0).numpy()
+    nonzero = np.asarray((dt_s.detach() != 0).tolist(), dtype=bool)  # tolist: also under torch.func
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
     action[nonzero | differentiated(dt_s)] |= nat.INTERVAL
 
@@ -209,7 +219,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
     rotating = (action & nat.ROTATE) != 0
     path, axis = nat.PATH_COMPLEX, 0.0
     if not complex_states and not phase_grad:
-        turning = phase_rad.detach().numpy()[rotating]
+        turning = np.asarray(phase_rad.detach().tolist(), dtype=np.float64)[rotating]
         axis = float(turning[0]) if turning.size else 0.0
         turns = (turning - axis) / math.pi
         halves = np.round(turns)
