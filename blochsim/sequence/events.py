@@ -86,7 +86,10 @@ def check_finite(name: str, value: Any) -> None:
     if type(value) is float:  # the common case first
         ok = math.isfinite(value)
     elif isinstance(value, torch.Tensor):
-        ok = bool(torch.isfinite(value.detach()).all())
+        if value.numel() == 1 and not value.is_complex():  # one value: item() is ~10x cheaper than a reduction
+            ok = math.isfinite(value.item())
+        else:
+            ok = bool(torch.isfinite(value.detach()).all())
     else:
         ok = math.isfinite(float(value))
     if not ok:
@@ -97,7 +100,7 @@ def check_nonnegative(name: str, value: Any, unit: str) -> None:
     """Raise `ValueError` unless `value` is finite and >= 0."""
     check_finite(name, value)
     if isinstance(value, torch.Tensor):
-        ok = bool((value.detach() >= 0).all())
+        ok = value.item() >= 0 if value.numel() == 1 and not value.is_complex() else bool((value.detach() >= 0).all())
     else:
         ok = float(value) >= 0
     if not ok:

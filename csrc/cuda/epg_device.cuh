@@ -13,20 +13,36 @@
 
 namespace bs {
 
-template <class R>
-__device__ __forceinline__ R shfl_xor(R x, int offset) {
-  return __shfl_xor_sync(0xffffffffu, x, offset);
+// Warp-wide operations on a float, applied to every float of a number (value and tangents, re and im).
+struct WarpSum {
+  __device__ float operator()(float x) const {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+  }
+};
+struct FromLaneBelow {  // lane l gets lane l - 1's value (lane 0 its own)
+  __device__ float operator()(float x) const { return __shfl_up_sync(0xffffffffu, x, 1); }
+};
+struct FromLaneAbove {  // lane l gets lane l + 1's value (lane 31 its own)
+  __device__ float operator()(float x) const { return __shfl_down_sync(0xffffffffu, x, 1); }
+};
+template <class F>
+__device__ __forceinline__ float each_float(float x, F f) {
+  return f(x);
 }
-template <class R>
-__device__ __forceinline__ R warp_sum(R x) {
-  for (int o = 16; o > 0; o >>= 1) x += shfl_xor(x, o);
+template <class R, int P, class F>
+__device__ __forceinline__ Dual<R, P> each_float(Dual<R, P> x, F f) {
+  x.v = f(x.v);
+  for (int p = 0; p < P; ++p) x.d[p] = f(x.d[p]);
   return x;
 }
-template <class R, int P>
-__device__ __forceinline__ Dual<R, P> warp_sum(Dual<R, P> x) {
-  x.v = warp_sum(x.v);
-  for (int p = 0; p < P; ++p) x.d[p] = warp_sum(x.d[p]);
-  return x;
+template <class T, class F>
+__device__ __forceinline__ Cx<T> each_float(Cx<T> x, F f) {
+  return Cx<T>{each_float(x.re, f), each_float(x.im, f)};
+}
+template <class N>
+__device__ __forceinline__ N warp_sum(N x) {
+  return each_float(x, WarpSum{});
 }
 
 // Event-value gradients: each warp reduces its voxels' terms and adds them with one atomic.
@@ -107,37 +123,14 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
 // Per-event values and per-voxel tables are read by all lanes at one address (a broadcast); the shift moves
 // one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual); adjoints keep a thread
 // per voxel.
-__device__ __forceinline__ float shfl_up1(float x) { return __shfl_up_sync(0xffffffffu, x, 1); }
-__device__ __forceinline__ float shfl_down1(float x) { return __shfl_down_sync(0xffffffffu, x, 1); }
-template <class R, int P>
-__device__ __forceinline__ Dual<R, P> shfl_up1(Dual<R, P> x) {
-  x.v = shfl_up1(x.v);
-  for (int p = 0; p < P; ++p) x.d[p] = shfl_up1(x.d[p]);
-  return x;
-}
-template <class R, int P>
-__device__ __forceinline__ Dual<R, P> shfl_down1(Dual<R, P> x) {
-  x.v = shfl_down1(x.v);
-  for (int p = 0; p < P; ++p) x.d[p] = shfl_down1(x.d[p]);
-  return x;
-}
-template <class T>
-__device__ __forceinline__ Cx<T> shfl_up1(Cx<T> x) {
-  return Cx<T>{shfl_up1(x.re), shfl_up1(x.im)};
-}
-template <class T>
-__device__ __forceinline__ Cx<T> shfl_down1(Cx<T> x) {
-  return Cx<T>{shfl_down1(x.re), shfl_down1(x.im)};
-}
-
 // F+(k) -> F+(k+1), F-(k) -> F-(k-1) across the warp; orders >= K drop out; new F+(0) = conj(new F-(0)).
 struct WarpShift {
   int lane;
   int64_t K;  // orders of the voxel
   template <class S>
   __device__ void operator()(Planes<S> x, int64_t kpl) const {
-    const S up = shfl_up1(x.p[kpl - 1]);
-    const S down = shfl_down1(x.m[0]);
+    const S up = each_float(x.p[kpl - 1], FromLaneBelow{});
+    const S down = each_float(x.m[0], FromLaneAbove{});
     BS_UNROLL
     for (int64_t j = kpl - 1; j > 0; --j) x.p[j] = x.p[j - 1];
     x.p[0] = up;
