@@ -22,7 +22,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 python3 -X faulthandler -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
 if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    BLOCHSIM_SANITIZER_CASE=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+    # racecheck instruments every shuffle of the warp kernels: it ran past 8 minutes on the H200 (2026-12-02).
+    BLOCHSIM_SANITIZER_CASE=1 timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 -m pytest -q -x tests/test_cuda.py -k sanitizer -p no:cacheprovider >"$out/$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $?"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | sort | uniq -c | head -3
