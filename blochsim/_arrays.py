@@ -12,8 +12,10 @@ import numbers
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
-__all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes"]
+__all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes",
+           "differentiated"]
 
 
 def library_of(value) -> str | None:
@@ -122,3 +124,8 @@ def broadcast_shapes(*shapes) -> tuple:
                     raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
                 out[i] = n
     return tuple(out)
+
+
+def differentiated(x) -> bool:
+    """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
+    return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)

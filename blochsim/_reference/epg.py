@@ -93,7 +93,7 @@ from typing import Any
 
 import torch
 
-from .._arrays import broadcast_shapes
+from .._arrays import broadcast_shapes, differentiated
 from ..sequence.events import AdcRole, EventAction, EventType, RfUse
 from ..sequence.tissue import POOL_LETTERS, TissueProperties
 from .lineshape import LINESHAPES, absorption_lineshape
@@ -130,13 +130,6 @@ def _f64(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.to(REAL)
     return torch.tensor(float(value), dtype=REAL)
-
-
-def _differentiated(x) -> bool:
-    """Carries a derivative: requires_grad, or a forward-mode tangent."""
-    import torch.autograd.forward_ad as fwAD
-
-    return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
 
 
 def _is_given(value: Any) -> bool:
@@ -548,7 +541,7 @@ def play(
     wrap_dt = _f64(description.tr_duration_us) * 1e-6 - times_s[-1] + times_s[0] if events else None
 
     def interval(dt_s: torch.Tensor) -> _Interval | None:
-        if not _differentiated(dt_s) and float(dt_s) == 0.0:
+        if not differentiated(dt_s) and float(dt_s) == 0.0:
             return None
         return _interval(dt_s, pools, values, geometry, states)
 

@@ -335,17 +335,9 @@ def needs_complex(fields: dict) -> bool:
 
 
 # -- kernel calls -----------------------------------------------------------------------------------
-def _structure_on(program, device: torch.device) -> tuple:
-    """The program's action and record arrays as int32 tensors on `device`, made once per device."""
-    cached = program.__dict__.setdefault("_structure_on", {})
-    if device not in cached:
-        cached[device] = (torch.from_numpy(program.action).to(device), torch.from_numpy(program.record).to(device))
-    return cached[device]
-
-
 def _static(program, num_voxels: int, dtype: torch.dtype, device: torch.device,
             checkpoint_stride: int = 4) -> K.Static:
-    action, record = _structure_on(program, device)
+    action, record = program.structure_on(device)
     return K.Static(
         action=action,
         record=record,

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
+from .._arrays import differentiated
 from ..sequence.events import AdcRole, EventAction, EventType, RfUse
 
 __all__ = ["Program", "compile_program", "default_states", "shifts_per_repetition"]
@@ -48,12 +48,22 @@ class Program:
     sat_per_rad2: np.ndarray  # [E] saturation constant S of each rotating pulse's definition (0 elsewhere)
     rf_hz: np.ndarray  # [E] frequency offset of each rotating pulse, Hz
     axis_phase_rad: float = 0.0  # the common pulse axis on the real path
-    bound: dict = field(default_factory=dict, repr=False, compare=False)  # (device, dtype) -> values there
+    # What was moved to a device: device -> (action, record), (device, dtype) -> values. Shallow copies of
+    # a program share it, so each entry keeps the arrays it was made from and serves only those.
+    bound: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def constant(self) -> bool:
         """No value carries a derivative: the program can be reused by later calls."""
         return not any(differentiated(v) for v in (self.dt_s, self.dt_wrap_s, self.flip_rad, self.phase_rad))
+
+    def structure_on(self, device) -> tuple:
+        """(action, record) as int32 tensors on `device`, made once per device."""
+        hit = self.bound.get(device)
+        if hit is None or hit[0] is not self.action or hit[1] is not self.record:
+            on_device = (torch.from_numpy(self.action).to(device), torch.from_numpy(self.record).to(device))
+            hit = self.bound[device] = (self.action, self.record, on_device)
+        return hit[2]
 
 
 def _count_windings(a: np.ndarray) -> int:
@@ -84,11 +94,6 @@ def plain(t: torch.Tensor) -> torch.Tensor:
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
     return t
-
-
-def differentiated(x) -> bool:
-    """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
-    return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
 
 
 _WINDING = nat.CRUSH_BEFORE | nat.CRUSH_AFTER | nat.SHIFT_AFTER

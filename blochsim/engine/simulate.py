@@ -24,7 +24,7 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
          active=(), packed=None):
     """The kernel call of a program and a tissue: (Static, inputs, voxel_shape)."""
     device = _device_of(tissue)
-    if packed is None or packed.values[0].device != device:
+    if packed is None:
         packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)
     model = pool_model(tissue)
     action, record, values = _program_values(program, device, dtype)
@@ -60,20 +60,18 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
 
 
 def _program_values(program: Program, device, dtype):
-    """(action, record, (dt, dt_wrap, flip, phase)) on `device` in `dtype`; kept on the program per device and
-    dtype while no value carries a derivative (a constant program is then moved to the device once). Copies
-    of a program share the store, so an entry holds the value tensors it was made from and serves only them."""
+    """(action, record, (dt, dt_wrap, flip, phase)) on `device` in `dtype`; the values are kept on the program
+    per device and dtype while none carries a derivative (a constant program moves to the device once)."""
     key, sources = (device, dtype), (program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad)
     hit = program.bound.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):  # copies share `bound`
-        return hit[1]
-    # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
-    phase = torch.remainder(program.phase_rad, 2 * math.pi)
-    values = tuple(v.to(device=device, dtype=dtype) for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, phase))
-    bound = (torch.from_numpy(program.action).to(device), torch.from_numpy(program.record).to(device), values)
-    if program.constant:
-        program.bound[key] = (sources, bound)
-    return bound
+    if hit is None or not all(a is b for a, b in zip(hit[0], sources, strict=True)):
+        # Phases are wrapped in float64 before narrowing: a long RF-spoiled train reaches thousands of rad.
+        phase = torch.remainder(program.phase_rad, 2 * math.pi)
+        hit = (sources, tuple(v.to(device=device, dtype=dtype)
+                              for v in (program.dt_s, program.dt_wrap_s, program.flip_rad, phase)))
+        if program.constant:
+            program.bound[key] = hit
+    return (*program.structure_on(device), hit[1])
 
 
 def _device_of(tissue) -> torch.device:

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.autograd import forward_ad as fwAD
 
+from .._arrays import differentiated
 from .description import SequenceDescription
 from .events import AdcRole, EventAction, EventType, RfUse, as_float, check_action, trusted_event
 from .operators import Delay, Excitation, FSEReadout, Inversion, Refocusing, SPGRReadout, SSFPFidReadout, _time_s
@@ -105,7 +105,7 @@ def _timeline(steps: list) -> tuple[list, Any]:
     # Cumulative sums: on the CPU they add one by one, in order, so each moment is the sum the operators
     # make (test_builders_speed holds them to it), in one call that autograd sees through. The steps
     # before the first one with a derivative are summed apart, so the moments before it carry none.
-    tracked = next((k for k, step in enumerate(rest) if _carries_derivative(step)), len(rest))
+    tracked = next((k for k, step in enumerate(rest) if differentiated(step)), len(rest))
     for part in (rest[:tracked], rest[tracked:]):
         if part:
             column = [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=torch.float64, device="cpu")]
@@ -115,11 +115,6 @@ def _timeline(steps: list) -> tuple[list, Any]:
             stamps += (moments * 1e6).unbind()
             t = moments[-1]
     return stamps, t
-
-
-def _carries_derivative(step: Any) -> bool:
-    """Whether `step` is a tensor on autograd's graph or a forward-mode dual tensor."""
-    return isinstance(step, torch.Tensor) and (step.requires_grad or fwAD.unpack_dual(step).tangent is not None)
 
 
 _RF, _ADC, _WAIT = EventType.RF, EventType.ADC, EventType.WAIT
