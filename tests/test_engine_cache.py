@@ -69,3 +69,44 @@ def test_expm_matmul_series_matches_entrywise_and_matrix_exp():
     assert (mat - ref).abs().max() < 1e-9 * ref.abs().max()
     c = torch.complex(a, a.flip(-1)) * (1 / math.sqrt(2))
     assert (expm(c, matmul=True) - torch.linalg.matrix_exp(c)).abs().max() < 1e-9 * c.abs().max().exp()
+
+
+def test_kept_tissue_packing_follows_in_place_changes_and_new_tensors():
+    from blochsim.simulators import MRFSimulator
+    sim = MRFSimulator(TR=10.0)
+    flips = torch.linspace(5, 60, 20)
+    T1, T2 = torch.tensor([800.0, 1200.0]), torch.tensor([60.0, 90.0])
+    first = sim.simulate(flip=flips, T1=T1, T2=T2)
+    assert torch.equal(sim.simulate(flip=flips, T1=T1, T2=T2), first)  # the kept packing serves it
+    T1[0] = 400.0  # in place: the version counter moves, the tissue is packed again
+    changed = sim.simulate(flip=flips, T1=T1, T2=T2)
+    fresh = MRFSimulator(TR=10.0).simulate(flip=flips, T1=T1.clone(), T2=T2.clone())
+    assert torch.equal(changed, fresh) and not torch.equal(changed[0], first[0])
+    T2[1] = math.nan  # the checks run again on a changed map
+    try:
+        sim.simulate(flip=flips, T1=T1, T2=T2)
+    except ValueError as error:
+        assert "T2" in str(error)
+    else:
+        raise AssertionError("a NaN T2 written in place was not caught")
+    other = torch.tensor([60.0, 70.0])  # another tensor object
+    assert torch.equal(sim.simulate(flip=flips, T1=T1, T2=other),
+                       MRFSimulator(TR=10.0).simulate(flip=flips, T1=T1.clone(), T2=other.clone()))
+
+
+def test_the_kernel_runs_without_autograd_only_when_nothing_is_differentiated():
+    from blochsim.simulators import MRFSimulator
+    sim = MRFSimulator(TR=10.0)
+    flips = torch.linspace(5, 60, 20)
+    T1 = torch.tensor([800.0, 1200.0])
+    plain = sim.simulate(flip=flips, T1=T1, T2=60.0)
+    assert plain.grad_fn is None
+    T1g = T1.clone().requires_grad_()
+    for _ in range(2):  # the same tissue twice: a packing with a derivative is never kept
+        out = sim.simulate(flip=flips, T1=T1g, T2=60.0)
+        assert out.grad_fn is not None
+        (grad,) = torch.autograd.grad(out.real.sum(), T1g)
+        assert torch.isfinite(grad).all() and (grad != 0).all()
+    flips_g = flips.clone().requires_grad_()
+    assert sim.simulate(flip=flips_g, T1=T1, T2=60.0).grad_fn is not None
+    assert torch.equal(sim.simulate(flip=flips_g, T1=T1, T2=60.0).detach(), plain)

@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
+from .._arrays import differentiated
 from ..sequence.tissue import IDENTITY, TissueProperties
 from . import kernels as K
-from .functions import EpgJacobian, EpgSimulate
+from .functions import EpgJacobian, run_forward
 from .program import _count_windings
 from .program import compile_program as compile_fast
 from .simulate import _tangents as engine_tangents
 from .simulate import bind as engine_bind
 from .tissue import broadcast_shapes
+from .unrefocused import apply_t2_prime
 
 __all__ = ["AffineValues", "Packed", "pack_fields", "run", "unroll", "batched_vjp", "values_of", "compile_fast",
            "windings"]
@@ -142,11 +146,15 @@ class AffineValues:
     block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`.
     """
 
-    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped")
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale")
 
     def __init__(self, rows, cols, coef, offset, sizes):
         self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
         self.wrapped = None  # the offset with its constant last block wrapped, False if that block varies
+        # Each protocol entry in order, times one factor (flips in degrees): one index_add, not three ops.
+        uniform = coef.numel() > 0 and bool((coef == coef[0]).all())
+        in_order = torch.equal(cols, torch.arange(cols.numel(), dtype=cols.dtype))
+        self.scale = float(coef[0]) if uniform and in_order else None
 
     @classmethod
     def fit(cls, blocks: tuple, leaves: list, p: torch.Tensor, *, max_entries: int = 1 << 26):
@@ -196,12 +204,14 @@ class AffineValues:
             self.wrapped = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)]) if constant else False
         if wrap_last and self.wrapped is not False:
             flat = self.wrapped
-        if self.rows.numel():
+        if self.scale is not None and p.numel() == self.cols.numel():
+            flat = flat.index_add(0, self.rows, p, alpha=self.scale)
+        elif self.rows.numel():
             flat = flat.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
             if wrap_last and self.wrapped is False:
                 last = flat.numel() - self.sizes[-1]
                 flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
-        return (flat if dtype == torch.float64 else flat.to(dtype)).split(self.sizes)
+        return (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
 
     def matches(self, p: torch.Tensor, blocks: tuple) -> bool:
         """Whether `A p + b` reproduces `blocks` (values walked at `p`) to float32 rounding.
@@ -266,17 +276,57 @@ def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), 
     sent even at their identity value. NaN or negative relaxation times raise ValueError naming the
     property (`names` maps fields to public names for the messages). One host sync at most. Buffers are
     made on `device` (default: where the tensors are, else the CPU).
+
+    The last packing is kept while its tensors are alive and unmodified (same objects, same version
+    counters) and nothing is differentiated: a loop that changes only the sequence (design, dictionary
+    sweeps over flips) packs and checks its tissue once.
     """
-    names = names or {}
+    key = _memo_key(fields, dtype, active, device)
+    last_key, refs, last = _LAST_PACKING
+    if key is not None and last_key == key[0] and all(r() is v for r, v in zip(refs, key[1], strict=True)):
+        return last
+    packed = _pack_fields(fields, dtype, active, names or {}, device)
+    if key is not None and packed is not None:
+        _LAST_PACKING[:] = [key[0], [weakref.ref(v) for v in key[1]], packed]
+    return packed
+
+
+_LAST_PACKING = [None, [], None]  # (key, weak references to its tensors, Packed)
+
+
+def _memo_key(fields: dict, dtype, active, device):
+    """(hashable key, tensors) of a packing that may be kept, or None (derivatives, transforms)."""
+    if fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None:
+        return None
+    key, tensors = [dtype, tuple(active), device], []
+    for field, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                return None
+            if value.dim() == 0 and value.device.type == "cpu":  # a number made a tensor afresh each call
+                key.append((field, value.item()))
+            else:
+                key.append((field, id(value), value._version))
+                tensors.append(value)
+        elif isinstance(value, (int, float)):
+            key.append((field, value))
+        else:
+            return None
+    return tuple(key), tensors
+
+
+def _pack_fields(fields: dict, dtype, active, names: dict, device) -> Packed | None:
     if device is None:  # where the tensors are: one off the CPU decides
         device = next((v.device for v in fields.values() if isinstance(v, torch.Tensor) and v.device.type != "cpu"),
                       torch.device("cpu"))
     shapes, checks, kinds = {}, [], []
     for field, value in fields.items():
         if field not in _KERNEL_FIELDS:
+            if field in active:  # a Jacobian along a pool property or T2' takes the engine's binding
+                return None
             identity = IDENTITY[field]
             if isinstance(value, torch.Tensor):
-                if value.requires_grad or bool(_tensor_identity_differs(value, identity)):
+                if differentiated(value) or bool(_tensor_identity_differs(value, identity)):
                     return None
             elif float(value) != identity:
                 return None
@@ -378,7 +428,7 @@ def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: t
         inputs = event + packed.values + (None,) * len(nat.TABLES)
         voxel_shape = packed.voxel_shape
         if not jacobian:
-            return EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (S,)), None
+            return run_forward(static, inputs).reshape(voxel_shape + (S,)), None
         tangents = [None] * len(inputs)
         for p, field in enumerate(jacobian):
             j = K.NUM_EVENT_INPUTS + nat.TISSUE_PARAMS.index(field)
@@ -388,15 +438,18 @@ def run(program, values: tuple, packed: Packed | None, fields: dict, *, dtype: t
         signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
         return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
 
-    # Pools or T2prime: the engine's binding builds the pool tables (and raises what it does not support).
+    # Pools or T2prime: the engine's binding builds the pool tables (and raises what it does not support);
+    # T2' then scales the samples.
     program = dataclasses.replace(program, dt_s=dt, dt_wrap_s=dt_wrap, flip_rad=flip, phase_rad=phase)
     tissue = TissueProperties(**fields)
     static, inputs, voxel_shape = engine_bind(program, tissue, dtype, lineshape=lineshape, active=jacobian)
     if not jacobian:
-        return EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (S,)), None
+        signal = run_forward(static, inputs).reshape(voxel_shape + (S,))
+        return apply_t2_prime(program, fields.get("t2_prime_ms"), signal)
     tangents = engine_tangents(program, tissue, dtype, inputs, jacobian, lineshape=lineshape)
     signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
-    return signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
+    signal, jac = signal.reshape(voxel_shape + (S,)), _jacobian_shape(jac, voxel_shape, len(jacobian), S)
+    return apply_t2_prime(program, fields.get("t2_prime_ms"), signal, jac, jacobian)
 
 
 def _jacobian_shape(jac: torch.Tensor, voxel_shape: tuple, P: int, S: int) -> torch.Tensor:
