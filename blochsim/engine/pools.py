@@ -197,20 +197,37 @@ def expm(a: torch.Tensor, terms: int = 12, *, matmul: bool | None = None) -> tor
         for _ in range(s):
             result = mm(result, result)
         return result
-    x = [[a[..., i, j] / (2.0**s) for j in range(n)] for i in range(n)]
+    # Entry by entry, as Y = exp(x) - I: Horner Y <- x/k + (x/k) Y, then squaring (I + Y)^2 = I + (2Y + Y^2).
+    # No Python number meets a tensor inside the loops: under forward-mode AD (pool-table tangents) each
+    # tensor-and-constant op runs through torch's Python reference decompositions, ~200 calls per op.
+    x = (a / (2.0**s)).movedim((-2, -1), (0, 1)).contiguous()  # x[i, j]: one contiguous batch per entry
+
+    def entries(m):
+        return [[m[i, j] for j in range(n)] for i in range(n)]
 
     def product(p, q):
-        return [[sum(p[i][k] * q[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+        out = []
+        for i in range(n):
+            row = []
+            for j in range(n):
+                total = p[i][0] * q[0][j]
+                for k in range(1, n):
+                    total = total + p[i][k] * q[k][j]
+                row.append(total)
+            out.append(row)
+        return out
 
-    def plus_identity(m, scale):  # I + m * scale
-        return [[m[i][j] * scale + (1.0 if i == j else 0.0) for j in range(n)] for i in range(n)]
-
-    result = plus_identity(x, 1.0 / terms)
-    for k in range(terms - 1, 0, -1):  # Horner: I + x/1 (I + x/2 (I + ...))
-        result = plus_identity(product(x, result), 1.0 / k)
+    ks = torch.arange(1, terms + 1, dtype=x.real.dtype, device=x.device).reshape((terms,) + (1,) * x.dim())
+    over_k = x.unsqueeze(0) / ks  # [k - 1] is x / k: one op for every term
+    y = entries(over_k[terms - 1])
+    for k in range(terms - 1, 0, -1):
+        xk = entries(over_k[k - 1])
+        xy = product(xk, y)
+        y = [[xk[i][j] + xy[i][j] for j in range(n)] for i in range(n)]
     for _ in range(s):
-        result = product(result, result)
-    return torch.stack([torch.stack(row, -1) for row in result], -2)
+        yy = product(y, y)
+        y = [[y[i][j] + y[i][j] + yy[i][j] for j in range(n)] for i in range(n)]
+    return torch.stack([torch.stack(row, -1) for row in y], -2) + torch.eye(n, dtype=a.dtype, device=a.device)
 
 
 def _lineshape(name: str, offsets: torch.Tensor, t2b_ms: torch.Tensor) -> torch.Tensor:
