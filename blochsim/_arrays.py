@@ -9,13 +9,14 @@ values; otherwise they stay torch. Lists, tuples and Python numbers are not arra
 from __future__ import annotations
 
 import numbers
+import weakref
 
 import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
 __all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes",
-           "differentiated"]
+           "differentiated", "LastResult"]
 
 
 def library_of(value) -> str | None:
@@ -129,3 +130,45 @@ def broadcast_shapes(*shapes) -> tuple:
 def differentiated(x) -> bool:
     """A tensor carrying a derivative: reverse mode (requires_grad) or a forward-mode tangent."""
     return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
+
+
+class LastResult:
+    """The result of the last call made with some values, kept while its tensors are alive and unmodified.
+
+    `lookup(settings, parts)` takes the call's hashable settings and its `(name, value)` pairs and returns
+    `(hit, key)`: the kept result or None, and the key to `keep` a new one under (None when nothing may be
+    kept: a tensor that requires grad, forward-mode AD or a torch.func transform active, or a value that
+    is neither a number, a tuple of numbers nor a tensor). A tensor is matched by identity and version
+    counter (an in-place change misses), a 0-d CPU tensor (a number made a tensor afresh) by its value.
+    """
+
+    __slots__ = ("key", "refs", "value")
+
+    def __init__(self):
+        self.key, self.refs, self.value = None, [], None
+
+    def lookup(self, settings: tuple, parts) -> tuple:
+        if fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None:
+            return None, None
+        key, tensors = list(settings), []
+        for name, value in parts:
+            if isinstance(value, torch.Tensor):
+                if value.requires_grad:
+                    return None, None
+                if value.dim() == 0 and value.device.type == "cpu":
+                    key.append((name, value.item()))
+                else:
+                    key.append((name, id(value), value._version))
+                    tensors.append(value)
+            elif isinstance(value, (int, float, tuple)):
+                key.append((name, value))
+            else:
+                return None, None
+        key = (tuple(key), tensors)
+        if self.key == key[0] and all(r() is v for r, v in zip(self.refs, tensors, strict=True)):
+            return self.value, key
+        return None, key
+
+    def keep(self, key, value) -> None:
+        if key is not None:
+            self.key, self.refs, self.value = key[0], [weakref.ref(v) for v in key[1]], value

@@ -32,6 +32,7 @@ from ._arrays import as_number, first_library, library_of, to_library, to_tensor
 from ._errors import check_device, missing_property, nearest, unknown_name
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
+from .engine.program import TrainAxisError
 from .engine.steady import simulate_steady
 from .sequence.description import SequenceDescription
 from .sequence.events import EventType, RfUse
@@ -724,18 +725,38 @@ class Simulator:
         dtype = torch.float64 if auto else torch.float32
         packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
-        program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
-                                                           complex_states, dtype)
-        if auto:
-            signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian)
+        try:
+            program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
+                                                               complex_states, dtype)
+        except TrainAxisError as trains:
+            signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, complex_states,
+                                           packed, fields, jacobian, dtype)
         else:
-            signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
+            if auto:
+                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian)
+            else:
+                signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
         if home != device:  # results return to the tissue tensors' device
             signal, jac = signal.to(home), None if jac is None else jac.to(home)
         if request is None:
             return signal
         request.result = (signal, jac)
         return request.output()
+
+    def _run_trains(self, parts, protocol, states, repetitions, record, complex_states, packed, fields, jacobian,
+                    dtype):
+        """(signal, J) of a layout whose event values carry a train axis (API.md 1.4): one program per train of
+        `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
+        is walked and each train compiled on every call."""
+        args = None if self._stored is not None else protocol
+        runs = []
+        for part in parts:
+            program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
+            if repetitions == "auto":
+                runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian))
+            else:
+                runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
+        return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])
 
     def _program(self, protocol, settings, states, repetitions, record, complex_states, dtype=torch.float64):
         """(program, values, windings, wrapped) for a call: cached and resolved where possible (docs/design.md).
@@ -847,6 +868,10 @@ class Simulator:
     def _walk(self, args, settings, states, repetitions, record, complex_states):
         """Lay out (or take the stored description) and compile: (program, windings per repetition)."""
         description = self._stored if args is None else self._compose(args, settings)
+        return self._compiled(description, args, states, repetitions, record, complex_states)
+
+    def _compiled(self, description, args, states, repetitions, record, complex_states):
+        """`description` compiled for a call: (program, windings per repetition, for 'auto' only)."""
         if repetitions == "auto":  # one playing; the orders for many (API.md 2.1)
             program = compile_fast(description, record=record, states=states or 1, complex_states=complex_states)
             if states is None:

@@ -110,3 +110,33 @@ def test_the_kernel_runs_without_autograd_only_when_nothing_is_differentiated():
     flips_g = flips.clone().requires_grad_()
     assert sim.simulate(flip=flips_g, T1=T1, T2=60.0).grad_fn is not None
     assert torch.equal(sim.simulate(flip=flips_g, T1=T1, T2=60.0).detach(), plain)
+
+
+def test_pool_tables_are_kept_for_the_same_tissue_and_rebuilt_when_it_changes():
+    from blochsim.engine.pools import pool_model, pool_tables
+    d = mrf_description(FLIPS, 0.01)
+    fraction = torch.tensor([0.1, 0.2])
+    tissue = TissueProperties(t1_ms=TISSUE.t1_ms, t2_ms=TISSUE.t2_ms, pool_b_fraction=fraction,
+                              pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0)
+    program = compile_program(d, states=16)
+
+    def tables():
+        lengths = torch.tensor([0.01, 0.0], dtype=torch.float64)  # a fresh tensor each call, as the engine's
+        return pool_tables(tissue, pool_model(tissue), (2,), lengths, program.sat_per_rad2, program.rf_hz,
+                           "super-lorentzian")
+
+    first = engine.simulate(d, tissue, states=16)
+    kept = tables()
+    assert tables() is kept
+    fraction[1] = 0.05  # in place: the tables are built again
+    assert tables() is not kept
+    changed = engine.simulate(d, tissue, states=16)
+    fresh = engine.simulate(d, TissueProperties(**{**dict(tissue.items()), "pool_b_fraction": fraction.clone()}),
+                            states=16)
+    assert torch.equal(changed, fresh) and not torch.equal(changed[1], first[1])
+    torch.testing.assert_close(changed[0], first[0])
+    f = fraction.clone().requires_grad_()  # a differentiated pool property is never served kept tables
+    for _ in range(2):
+        out = engine.simulate(d, TissueProperties(**{**dict(tissue.items()), "pool_b_fraction": f}), states=16)
+        (g,) = torch.autograd.grad((out.abs() ** 2).sum(), f)
+        assert (g != 0).all()

@@ -502,15 +502,15 @@ def test_a_repeated_protocol_is_verified_at_the_next_new_point():
     assert rel(new, MRFSimulator(TR=10.0, resolve=False).simulate(flip=flips_of(12, 3.0), T1=900.0, T2=80.0)) < 1e-6
 
 
-def test_a_train_axis_is_refused_clearly():
+def test_a_train_axis_is_stacked_first():
     class Trains(Simulator):
         model = SpinPhysics(operators=UNBALANCED)
 
         def layout(self, *, flip):
             return [self.operators.excitation(torch.deg2rad(flip)) @ self.operators.readout(duration_s=0.01)]
 
-    with pytest.raises(NotImplementedError, match="train axis"):
-        Trains(flip=torch.tensor([10.0, 20.0])).simulate(T1=900.0, T2=80.0)
+    both = Trains(flip=torch.tensor([10.0, 20.0])).simulate(T1=900.0, T2=80.0)  # one flip per train
+    assert both.shape == (2, 1) and torch.equal(both[1], Trains(flip=torch.tensor(20.0)).simulate(T1=900.0, T2=80.0))
 
 
 def test_resolution_with_a_tensor_tr_and_phases():

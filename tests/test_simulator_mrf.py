@@ -118,8 +118,8 @@ def test_from_description_returns_the_raw_value():
 def test_protocol_errors():
     with pytest.raises(ValueError, match="one value per TR \\(3"):
         MRFSimulator(flip=[10.0, 20.0, 30.0], TR=[10.0, 12.0]).simulate(T1=1000.0, T2=80.0)
-    with pytest.raises(NotImplementedError, match="train axis"):
-        MRFSimulator(flip=torch.ones(2, 5), TR=10.0).simulate(T1=1000.0, T2=80.0)
+    with pytest.raises(ValueError, match="train axes disagree: flip has 2, phases has 3"):
+        MRFSimulator(flip=torch.ones(2, 5), TR=10.0, phases=torch.zeros(3, 5)).simulate(T1=1000.0, T2=80.0)
     with pytest.raises(ValueError, match="TR|duration"):
         MRFSimulator(flip=[10.0], TR=-1.0).simulate(T1=1000.0, T2=80.0)
 

@@ -70,7 +70,8 @@ tr_duration_us - (last timestamp) + (first timestamp). Each event does, in order
    f_rf the event frequency, G the lineshape (lineshape.py) at T2b = t2_bound_ms.
 4. ADC, on the last repetition only, if kept by `record` ("all": every ADC;
    "acquired": not role NON_ACQUIRED; "echo": is_echo):
-   sample = M0 · Σ_water-like pools F+(0) · exp(-iψ), ψ the ADC phase.
+   sample = M0 · Σ_water-like pools F+(0) · exp(-iψ), ψ the ADC phase,
+   times exp(-|τ|/T2') when T2' acts (see T2' below).
 5. CRUSH_AFTER: shift.
 6. SPOIL_AFTER: every transverse state (all orders, all pools) = 0, Z kept.
    Otherwise SHIFT_AFTER: shift.
@@ -81,8 +82,29 @@ Shift: F+(k) -> F+(k+1) (F+(K-1) is lost), F-(k) -> F-(k-1) (F-(K-1) becomes
 The final states returned are those after the last event of the last
 repetition (no evolution to the end of the repetition).
 
-Not modelled here: static shims (shim_id != 0) and T2' (`t2_prime_ms` finite);
-both raise NotImplementedError rather than being ignored.
+T2'
+---
+T2' acts when `t2_prime_ms` is finite somewhere or is a tensor that requires
+grad. Each recorded sample is multiplied by exp(-|τ|/T2') (T2' clamped like the
+relaxation times), τ its signed unrefocused time. Walking the played stream
+(every repetition), a *pulse* is a non-inversion RF event (an inversion leaves
+F+/F- alone); a *stretch* runs from one pulse to the next and holds the shifts
+in between (the next pulse's CRUSH_BEFORE included, the first pulse's
+CRUSH_AFTER and SHIFT_AFTER included). A stretch in which a spoil happens is
+ignored. Every other stretch must wind steadily: with T_w = (sum of their
+durations) / (sum of their shifts), each stretch of duration D and w shifts has
+|D - w·T_w| <= 1e-6·max(D, w·T_w) + 1 ns, else ValueError (a balanced stretch,
+D > 0 with w = 0, or a variable TR). A sample then has τ = (its time - its last
+pulse's time) - T_w·(shifts since that pulse, up to the sample); τ = 0 when no
+pulse precedes it or a spoil happened since its pulse (its signal is 0). A
+sample with shifts since its pulse and no T_w (no stretch winds) raises
+ValueError. Why: a Lorentzian off-resonance spread multiplies a pathway that
+precessed a net time τ by exp(-|τ|/T2'), and with steady winding every pathway
+that reaches F+(0) at a sample has precessed T_w times its net order plus the
+open time since its pulse.
+
+Not modelled here: static shims (shim_id != 0); they raise NotImplementedError
+rather than being ignored.
 """
 
 from __future__ import annotations
@@ -200,8 +222,8 @@ def _validate_tissue(values: dict, voxel_shape: torch.Size) -> None:
             f"voxel {index} sums to {float(total.reshape(-1)[worst])}"
         )
     t2_prime = values["t2_prime_ms"].detach()
-    if not bool(torch.isposinf(t2_prime).all()):
-        raise NotImplementedError("the reference engine does not model T2' (t2_prime_ms must be inf)")
+    if not bool((t2_prime >= 0).all()):  # also catches NaN
+        raise ValueError("t2_prime_ms must be >= 0 ms in every voxel (inf = no T2'), it holds NaN or a negative value")
 
 
 def _pools(tissue: TissueProperties) -> tuple[_Pools, dict]:
@@ -480,6 +502,59 @@ def _sample(state: _State, m0: torch.Tensor, adc_phase: torch.Tensor) -> torch.T
     return m0 * state.fplus[..., :, 0].sum(-1) * torch.exp(-1j * adc_phase)
 
 
+class _Unrefocused:
+    """The walk that times each recorded sample's unrefocused precession (T2' in the module docstring)."""
+
+    def __init__(self) -> None:
+        self.pulse_s = None  # time of the last pulse, or None before the first
+        self.shifts = 0  # shifts since that pulse
+        self.spoiled = False  # a spoil since that pulse
+        self.stretches = []  # (duration in s, shifts) of each unspoiled pulse-to-pulse stretch
+        self.samples = []  # (time since the pulse in s, shifts) of each recorded sample, or None (τ = 0)
+
+    def shift(self) -> None:
+        self.shifts += 1
+
+    def spoil(self) -> None:
+        self.spoiled = True
+
+    def pulse(self, t_s: torch.Tensor) -> None:
+        if self.pulse_s is not None and not self.spoiled:
+            self.stretches.append((t_s - self.pulse_s, self.shifts))
+        self.pulse_s, self.shifts, self.spoiled = t_s, 0, False
+
+    def sample(self, t_s: torch.Tensor) -> None:
+        carried = self.pulse_s is not None and not self.spoiled
+        self.samples.append((t_s - self.pulse_s, self.shifts) if carried else None)
+
+    def times_s(self) -> list:
+        """τ of each recorded sample (float64 tensors, s); ValueError unless the stream winds steadily."""
+        shifts = sum(w for _, w in self.stretches)
+        per_shift = sum((d for d, _ in self.stretches), torch.zeros((), dtype=REAL)) / shifts if shifts else None
+        period = None if per_shift is None else float(per_shift.detach())
+        for d, w in self.stretches:
+            duration, expected = float(d.detach()), 0.0 if period is None else period * w
+            if abs(duration - expected) > 1e-6 * max(duration, expected) + 1e-9:
+                rate = "no stretch winds" if period is None else f"one order per {period * 1e3} ms"
+                raise ValueError(f"T2' needs a sequence that winds steadily: a pulse-to-pulse stretch of "
+                                 f"{duration * 1e3} ms winds {w} order(s), while on average {rate}")
+        taus = []
+        for entry in self.samples:
+            if entry is None:
+                taus.append(torch.zeros((), dtype=REAL))
+                continue
+            since, w = entry
+            if w and per_shift is None:
+                raise ValueError(f"T2': a sample lies {w} shift(s) after its pulse but no pulse-to-pulse stretch "
+                                 "winds, so its unrefocused time is undefined")
+            taus.append(since if not w else since - per_shift * w)
+        return taus
+
+
+def _t2_prime_acts(raw: Any, value: torch.Tensor) -> bool:
+    return differentiated(raw) or not bool(torch.isposinf(value.detach()).all())
+
+
 def _kept(event, record: str) -> bool:
     if record == "all":
         return True
@@ -553,25 +628,39 @@ def play(
 
     state = _equilibrium(pools, states)
     samples = []
+    walk = _Unrefocused()
+    playing_s = _f64(description.tr_duration_us) * 1e-6
     for repetition in range(repetitions):
         last = repetition == repetitions - 1
         for i, event in enumerate(events):
             step = wrap_interval if (i == 0 and repetition > 0) else intervals[i]
             if step is not None:
                 state = step.apply(state)
+            t_s = repetition * playing_s + times_s[i]
             if event.action & EventAction.CRUSH_BEFORE:
                 state = _shift(state)
+                walk.shift()
             if event.type == EventType.RF:
                 state = pulses[i].apply(state, pools.water)
+                if event.rf_use != RfUse.INVERSION:
+                    walk.pulse(t_s)
             elif event.type == EventType.ADC and last and _kept(event, record):
                 samples.append(_sample(state, values["m0"], _f64(event.adc_phase_rad)))
+                walk.sample(t_s)
             if event.action & EventAction.CRUSH_AFTER:
                 state = _shift(state)
+                walk.shift()
             if event.action & EventAction.SPOIL_AFTER:
                 state = _spoil(state)
+                walk.spoil()
             elif event.action & EventAction.SHIFT_AFTER:
                 state = _shift(state)
+                walk.shift()
 
+    if samples and _t2_prime_acts(tissue.t2_prime_ms, values["t2_prime_ms"]):
+        t2_prime_ms = torch.clamp(values["t2_prime_ms"], min=MIN_RELAXATION_MS)
+        taus = walk.times_s()
+        samples = [s * torch.exp(-tau.abs() * 1e3 / t2_prime_ms) for s, tau in zip(samples, taus, strict=True)]
     if samples:
         signal = torch.stack(samples, -1)
     else:

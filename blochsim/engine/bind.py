@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
-from .._arrays import differentiated
+from .._arrays import LastResult, differentiated
 from ..sequence.tissue import IDENTITY, TissueProperties
 from . import kernels as K
 from .functions import EpgJacobian, run_forward
@@ -281,38 +279,16 @@ def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), 
     counters) and nothing is differentiated: a loop that changes only the sequence (design, dictionary
     sweeps over flips) packs and checks its tissue once.
     """
-    key = _memo_key(fields, dtype, active, device)
-    last_key, refs, last = _LAST_PACKING
-    if key is not None and last_key == key[0] and all(r() is v for r, v in zip(refs, key[1], strict=True)):
-        return last
+    kept, key = _LAST_PACKING.lookup((dtype, tuple(active), device), fields.items())
+    if kept is not None:
+        return kept
     packed = _pack_fields(fields, dtype, active, names or {}, device)
-    if key is not None and packed is not None:
-        _LAST_PACKING[:] = [key[0], [weakref.ref(v) for v in key[1]], packed]
+    if packed is not None:
+        _LAST_PACKING.keep(key, packed)
     return packed
 
 
-_LAST_PACKING = [None, [], None]  # (key, weak references to its tensors, Packed)
-
-
-def _memo_key(fields: dict, dtype, active, device):
-    """(hashable key, tensors) of a packing that may be kept, or None (derivatives, transforms)."""
-    if fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None:
-        return None
-    key, tensors = [dtype, tuple(active), device], []
-    for field, value in fields.items():
-        if isinstance(value, torch.Tensor):
-            if value.requires_grad:
-                return None
-            if value.dim() == 0 and value.device.type == "cpu":  # a number made a tensor afresh each call
-                key.append((field, value.item()))
-            else:
-                key.append((field, id(value), value._version))
-                tensors.append(value)
-        elif isinstance(value, (int, float)):
-            key.append((field, value))
-        else:
-            return None
-    return tuple(key), tensors
+_LAST_PACKING = LastResult()
 
 
 def _pack_fields(fields: dict, dtype, active, names: dict, device) -> Packed | None:

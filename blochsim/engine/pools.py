@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._arrays import broadcast_shapes
+from .._arrays import LastResult, broadcast_shapes
 from .._reference.lineshape import LINESHAPES, absorption_lineshape
 from ..sequence.tissue import POOL_LETTERS
 
@@ -98,6 +98,23 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
     """
     if lineshape not in LINESHAPES:
         raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
+    lengths = lengths_s if lengths_s.requires_grad else tuple(lengths_s.tolist())  # a fresh tensor each call
+    settings = (model.letters, model.semisolid, tuple(voxel_shape), lineshape, sat_per_rad2.tobytes(),
+                rf_hz.tobytes())
+    kept, key = _LAST_TABLES.lookup(settings, [("lengths_s", lengths), *tissue.items()])
+    if kept is None:
+        kept = _pool_tables(tissue, model, voxel_shape, lengths_s, sat_per_rad2, rf_hz, lineshape)
+        _LAST_TABLES.keep(key, kept)
+    return kept
+
+
+#: The last tables, kept while the tissue tensors and interval lengths are the same and unmodified: a loop
+#: over the sequence (design, repeated runs) builds them once.
+_LAST_TABLES = LastResult()
+
+
+def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2, rf_hz,
+                 lineshape: str):
     fields = {}
     device = next((v.device for _, v in tissue.items() if isinstance(v, torch.Tensor)), torch.device("cpu"))
     f64 = dict(dtype=torch.float64, device=device)

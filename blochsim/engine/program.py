@@ -20,9 +20,10 @@ import torch
 
 from .. import _native as nat
 from .._arrays import differentiated
-from ..sequence.events import AdcRole, EventAction, EventType, RfUse
+from ..sequence.events import AdcRole, EventAction, EventType, RfUse, trusted_event
 
-__all__ = ["Program", "compile_program", "default_states", "shifts_per_repetition"]
+__all__ = ["Program", "TrainAxisError", "compile_program", "default_states", "shifts_per_repetition",
+           "split_trains"]
 
 _WINDING = int(EventAction.CRUSH_BEFORE | EventAction.CRUSH_AFTER | EventAction.SHIFT_AFTER)
 _RECORD_MODES = ("all", "acquired", "echo")
@@ -104,8 +105,7 @@ def _f64(value) -> torch.Tensor:
     if value.dim() == 0:
         return value if value.dtype == torch.float64 else value.to(torch.float64)
     if value.numel() != 1:
-        raise NotImplementedError(f"an event value of shape {tuple(value.shape)}: a leading train axis (one value "
-                                  "per train) is not supported by the engine yet; simulate one train at a time")
+        raise _PerTrain  # compile_program hands the description to split_trains
     return value.to(torch.float64).reshape(())
 
 
@@ -123,6 +123,85 @@ def _vector(items: list) -> torch.Tensor:
 _CACHE = "_blochsim_programs"
 
 
+# -- train axis (API.md 1.4) --------------------------------------------------------------------
+class _PerTrain(Exception):
+    """Raised inside `_compile` at the first event value with more than one entry."""
+
+
+class TrainAxisError(NotImplementedError):
+    """A description whose event values carry a train axis, given to a compiler of one train.
+
+    `engine.simulate`, `engine.jacobian` and the simulators catch it and run `parts` (`split_trains`),
+    one program per train; any other caller sees the message.
+    """
+
+    def __init__(self, parts: list):
+        super().__init__(f"this description has a train axis ({len(parts)} trains: event values of shape "
+                         f"({len(parts)},)) and this caller takes one train; blochsim.engine.simulate and jacobian "
+                         "take them all, or give one train at a time (blochsim.engine.program.split_trains)")
+        self.parts = parts
+
+
+#: Event values that may carry a train axis: (event type, index in params, name of the accessor).
+_TRAIN_VALUES = {EventType.RF: ((2, "rf_amplitude_hz"), (3, "rf_phase_rad"), (4, "rf_frequency_hz")),
+                 EventType.ADC: ((1, "adc_phase_rad"),)}
+_TRAINS = "_blochsim_trains"
+
+
+def split_trains(description) -> list | None:
+    """One description per train, or None when `description` has one train.
+
+    An event value (RF amplitude, phase and frequency, ADC phase) is a number or a 0-d or one-element
+    tensor shared by every train, or a 1-D tensor of one value per train; all of those have one length T.
+    Train k holds entry k of each (autograd flows back through the indexing); times, the repetition
+    and the definitions are shared: the trains have one timeline. Raises ValueError for per-train values
+    of different lengths, of more than one axis, or of none. The parts are kept on `description` while
+    no per-train value carries a derivative.
+    """
+    kept = getattr(description, _TRAINS, None)
+    if kept is not None:
+        return kept or None
+    found = {}  # event index -> [(param index, value)]
+    length, first, constant = None, None, True
+    for i, event in enumerate(description.events):
+        for index, name in _TRAIN_VALUES.get(event.type, ()):
+            value = event.params[index]
+            if not isinstance(value, torch.Tensor) or value.numel() == 1:
+                continue
+            where = f"events[{i}].{name}"
+            if value.dim() != 1 or value.numel() == 0:
+                raise ValueError(f"{where} has shape {tuple(value.shape)}: an event value is a scalar or 1-D, one "
+                                 "value per train (the leading train axis of API.md 1.4)")
+            if length is None:
+                length, first = value.numel(), where
+            elif value.numel() != length:
+                raise ValueError(f"event values disagree on the number of trains: {first} has {length} entries and "
+                                 f"{where} has {value.numel()}; give every per-train value the same length (a "
+                                 "scalar is shared by every train)")
+            found.setdefault(i, []).append((index, value))
+            constant = constant and not differentiated(value)
+    parts = [_train(description, found, k) for k in range(length)] if found else []
+    if constant and hasattr(description, "__dict__"):
+        object.__setattr__(description, _TRAINS, parts)
+    return parts or None
+
+
+def _train(description, found: dict, k: int):
+    """Train `k` of `description`: its per-train event values replaced by entry `k`."""
+    events = list(description.events)
+    for i, values in found.items():
+        params = list(events[i].params)
+        for index, value in values:
+            params[index] = value[k]
+        event = events[i]
+        events[i] = trusted_event(event.type, event.timestamp_us, tuple(params), event.action)
+    part = copy.copy(description)
+    part.__dict__.pop(_CACHE, None)
+    part.__dict__.pop(_TRAINS, None)
+    object.__setattr__(part, "events", tuple(events))
+    return part
+
+
 def compile_program(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
                     complex_states: bool = False, checkpoint_stride: int = 4) -> Program:
     """Compile `description` for the kernels.
@@ -136,6 +215,7 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     arguments) and later calls reuse it, with its values already on the device they ran on. Its numbers
     are read once: a tensor inside a description changed in place afterwards is not seen (build a new
     description, or let the tensor require grad: differentiated programs are compiled on every call).
+    A description with a train axis raises `TrainAxisError`, whose `parts` are its trains (`split_trains`).
     """
     if not isinstance(checkpoint_stride, int) or checkpoint_stride < 1:
         raise ValueError(f"checkpoint_stride must be an integer >= 1, got {checkpoint_stride!r}")
@@ -149,7 +229,13 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     cache = getattr(description, _CACHE, None)
     if cache is not None and key in cache:
         return copy.copy(cache[key])  # callers may set fields (states, phases) on theirs
-    program = _compile(description, repetitions, record, states, complex_states)
+    trains = getattr(description, _TRAINS, None)
+    if trains:  # split by an earlier call: skip the partial compile
+        raise TrainAxisError(trains)
+    try:
+        program = _compile(description, repetitions, record, states, complex_states)
+    except _PerTrain:
+        raise TrainAxisError(split_trains(description)) from None
     # Under no_grad a differentiated description compiles to constants: keep only what grad mode sees.
     if torch.is_grad_enabled() and program.constant and hasattr(description, "__dict__"):
         if cache is None:
@@ -264,7 +350,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
 def _frequency(x) -> float:
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
-            raise NotImplementedError("RF frequency offsets with a train axis are not supported by the engine yet")
+            raise _PerTrain
         return float(x.detach())
     return float(x)
 

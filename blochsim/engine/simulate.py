@@ -12,8 +12,9 @@ from .. import _native as nat
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
 from .pools import interval_rows, pool_model, pool_tables
-from .program import Program, compile_program
+from .program import Program, TrainAxisError, compile_program
 from .tissue import pack_tissue
+from .unrefocused import apply_t2_prime
 
 __all__ = ["simulate", "jacobian", "bind", "prepare"]
 
@@ -120,13 +121,22 @@ def simulate(
     checkpoint_stride: int = 4,
     lineshape: str = "super-lorentzian",
 ) -> torch.Tensor:
-    """Signal of every voxel, complex, shape (*voxel_shape, samples). Differentiable in both modes."""
-    program, static, inputs, voxel_shape = prepare(
-        description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
-        checkpoint_stride=checkpoint_stride, lineshape=lineshape,
-    )
-    signal = EpgSimulate.apply(static, *inputs)
-    return signal.reshape(voxel_shape + (program.num_samples,))
+    """Signal of every voxel, complex, shape (*voxel_shape, samples). Differentiable in both modes.
+
+    A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.unrefocused`).
+    Event values with a train axis of T (`program.split_trains`) give (T, *voxel_shape, samples): one
+    program per train, stacked first (API.md 1.4)."""
+    try:
+        program, static, inputs, voxel_shape = prepare(
+            description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
+            checkpoint_stride=checkpoint_stride, lineshape=lineshape,
+        )
+    except TrainAxisError as trains:
+        return torch.stack([simulate(part, tissue, states=states, repetitions=repetitions, record=record,
+                                     dtype=dtype, path=path, checkpoint_stride=checkpoint_stride,
+                                     lineshape=lineshape) for part in trains.parts])
+    signal = EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (program.num_samples,))
+    return apply_t2_prime(program, tissue.t2_prime_ms, signal)[0]
 
 
 def jacobian(
@@ -146,22 +156,30 @@ def jacobian(
 
     Every kernel input's tangent along a field (tissue buffers, pool tables) comes from forward-mode
     autograd through the packing; all P columns then run in one JVP launch. Differentiable once more
-    (reverse mode) with respect to the sequence values and the tissue.
+    (reverse mode) with respect to the sequence values and the tissue. A train axis of T comes first:
+    (T, *voxel, samples) and (T, *voxel, P, samples), as in `simulate`.
     """
     fields = tuple(fields)
     names = {f.name for f in dataclasses.fields(tissue)}
     for name in fields:
         if name not in names:
             raise ValueError(f"jacobian field {name!r} is not a tissue field; accepted: {sorted(names)}")
-    program, static, inputs, voxel_shape = prepare(
-        description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
-        checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields,
-    )
+    try:
+        program, static, inputs, voxel_shape = prepare(
+            description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
+            checkpoint_stride=checkpoint_stride, lineshape=lineshape, active=fields,
+        )
+    except TrainAxisError as trains:
+        runs = [jacobian(part, tissue, fields, states=states, repetitions=repetitions, record=record, dtype=dtype,
+                         path=path, checkpoint_stride=checkpoint_stride, lineshape=lineshape)
+                for part in trains.parts]
+        return torch.stack([signal for signal, _ in runs]), torch.stack([jac for _, jac in runs])
     tangents = _tangents(program, tissue, dtype, inputs, fields, checkpoint_stride=checkpoint_stride,
                          lineshape=lineshape)
     signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
     S = program.num_samples
-    return signal.reshape(voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(voxel_shape + (len(fields), S))
+    signal, jac = signal.reshape(voxel_shape + (S,)), jac.permute(1, 0, 2).reshape(voxel_shape + (len(fields), S))
+    return apply_t2_prime(program, tissue.t2_prime_ms, signal, jac, fields)
 
 
 def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
@@ -175,6 +193,9 @@ def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
     columns = []
     for name in fields:
         column = [None] * len(inputs)
+        if name == "t2_prime_ms":  # acts on the samples only (`apply_t2_prime`): no kernel input moves
+            columns.append(column)
+            continue
         index = direct.get(name)
         if index is not None:
             column[index] = torch.ones_like(inputs[index])

@@ -83,13 +83,10 @@ def pack_tissue(
 ) -> PackedTissue:
     """Pack the free-water properties of `tissue` for the kernels (pool model 0).
 
-    Fields named in `active` are sent even at their identity value (a Jacobian needs them).
+    Fields named in `active` are sent even at their identity value (a Jacobian needs them). T2'
+    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`).
     """
     check_tissue(tissue)
-    if not _is_identity(tissue.t2_prime_ms, IDENTITY["t2_prime_ms"]):
-        raise NotImplementedError(
-            "t2_prime_ms: T2prime (intravoxel spread on the samples) is not built into the engine yet"
-        )
     raw = {}
     for name in nat.TISSUE_PARAMS:
         value = getattr(tissue, name)

@@ -75,8 +75,8 @@ def _time_s(name: str, value: Any) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"{name} must be a single time in s (a number or 0-d tensor), got shape "
-                             f"{tuple(value.shape)}")
+            raise ValueError(f"{name} must be a single time in s (a number or 0-d tensor: trains share one "
+                             f"timeline), got shape {tuple(value.shape)}")
         value = value if value.dim() == 0 else value.reshape(())
         value = value if value.dtype == torch.float64 else value.to(torch.float64)
         ok = bool(torch.isfinite(value.detach())) and bool(value.detach() >= 0)
@@ -290,7 +290,8 @@ def SampledPulse(waveform_rad_per_s, dwell_s, *, phase_rad=0.0, offset_hz=0.0, d
     `waveform_rad_per_s` is a real or complex 1-D array or tensor (a tensor stays
     differentiable). `phase_rad` and `offset_hz` are scalars, or arrays of one entry
     per train: with more than one entry, each event's phase (and frequency) param is
-    a tensor of shape `(trains,)`, the leading train axis of API.md section 1.4.
+    a tensor of shape `(trains,)`, the leading train axis of API.md section 1.4 (the
+    engine runs one program per train and stacks the results first).
     """
     w = waveform_rad_per_s
     if not isinstance(w, torch.Tensor):

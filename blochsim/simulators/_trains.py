@@ -1,13 +1,17 @@
 """Mixins of the shipped event trains: a loop over trains, and the RF definition of sampled pulses.
 
 `TrainLoop`
-    The engine takes one train per run (a protocol value with a leading train axis raises
-    NotImplementedError there). A simulator whose protocol may hold several trains (FSE with a
-    `(trains, ETL)` flip or an array `TR`; CEST with one simulation per offset) says how to split it in
-    `trains(protocol, tissue)`, and the mixin runs the engine once per train and joins the results: stacked
-    first (`train_axis = 0`, API.md 1.4) or concatenated along the samples (`train_axis = -1`).
-    `simulate` and reverse mode go through `evaluate`; `jacobian` loops over `Simulator.jacobian`, so
-    each engine run serves one forward-mode pass. Per-train post-processing goes in `evaluate_train`.
+    The engine takes event values with a train axis itself (one program per train, walked and compiled
+    on every call), but a description has one timeline. A simulator splits its protocol into one call
+    per train when the trains differ in timing (FSE's array `TR`, MRF's 2-D `TR`), when one structure
+    per train can be resolved once and reused (FSE's `(trains, ETL)` flips: later calls skip the layout),
+    or when the trains join along the samples (CEST, one simulation per offset). It says how in
+    `trains(protocol, tissue)`, and the mixin runs the engine once per train and joins the results:
+    stacked first (`train_axis = 0`, API.md 1.4) or concatenated along the samples (`train_axis = -1`).
+    The mixin wraps the public `simulate` and `jacobian` (one `Simulator` call per train; each engine run
+    serves one forward-mode pass), so `evaluate` stays the plain engine run. Calls whose protocol holds
+    no value of `train_dims` dimensions pass through at the cost of a look at those values.
+    `train_rows` splits the protocol values that carry a leading train axis.
 
 `SampledPulses`
     Pulses played sample by sample need definition 0 to be a rectangle one dwell long, for the
@@ -20,15 +24,15 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import torch
 
 from .._arrays import first_library, to_library, to_tensor
-from ..model import RUN_SETTINGS
 from ..sequence.operators import Delay, SampledPulse, Spoil
 from ._layout import number, rad, seconds
 from ._waveforms import hyperbolic_secant, sampled_definition, sinc_pulse
 
-__all__ = ["TrainLoop", "SampledPulses", "layout_default"]
+__all__ = ["TrainLoop", "SampledPulses", "layout_default", "train_count", "train_rows"]
 
 
 def layout_default(simulator, name: str):
@@ -36,10 +40,47 @@ def layout_default(simulator, name: str):
     return inspect.signature(type(simulator).layout).parameters[name].default
 
 
+def train_count(values: dict, dims: dict) -> int | None:
+    """The number of trains of `values`: the leading axis of each tensor `values[name]` of `dims[name]`
+    dimensions, or None when there is none. A value with one row is shared. Raises ValueError naming
+    each count when they disagree."""
+    counts = {name: value.shape[0] for name, value in values.items()
+              if isinstance(value, torch.Tensor) and value.dim() == dims.get(name)}
+    if not counts:
+        return None
+    trains = max(counts.values())
+    if any(c not in (1, trains) for c in counts.values()):
+        raise ValueError(f"the train axes disagree: {', '.join(f'{k} has {v}' for k, v in counts.items())} trains; "
+                         "give the same number of trains (or one) for each")
+    return trains
+
+
+def train_rows(protocol: dict, dims: dict) -> list[dict] | None:
+    """Per-train protocol overrides: row k of each value that `train_count` counts (row 0 of a value with
+    one row), or None when no value has a train axis."""
+    trains = train_count(protocol, dims)
+    if trains is None:
+        return None
+    axes = {name: value for name, value in protocol.items()
+            if isinstance(value, torch.Tensor) and value.dim() == dims.get(name)}
+    return [{name: value[k if value.shape[0] > 1 else 0] for name, value in axes.items()} for k in range(trains)]
+
+
+def _ndim(value) -> int:
+    """The number of dimensions of a protocol value as given (number, list, or any array)."""
+    if isinstance(value, (int, float)):
+        return 0
+    ndim = getattr(value, "ndim", None)
+    return np.ndim(value) if ndim is None else ndim
+
+
 class TrainLoop:
     """Mixin (before `Simulator` in the bases): one engine run per train, joined (see the module doc)."""
 
     train_axis = 0
+    #: Protocol name -> the least number of dimensions with which its value may hold several trains. A call
+    #: with no such value is passed on untouched: `trains` and the protocol conversion it needs are skipped.
+    train_dims: dict = {}
 
     def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         """Per-train protocol overrides of a converted protocol, or None for a single train.
@@ -48,29 +89,35 @@ class TrainLoop:
         """
         return None
 
-    def evaluate_train(self, properties, **sequence):
-        """The result of one train; subclasses post-process `super().evaluate_train(...)` here."""
-        return super().evaluate(properties, **sequence)
-
-    def evaluate(self, properties, **sequence):
-        protocol = {name: value for name, value in sequence.items() if name not in RUN_SETTINGS}
-        parts = self.trains(protocol, properties)
+    def simulate(self, **values):
+        parts = self._parts(values)
         if parts is None:
-            return self.evaluate_train(properties, **sequence)
-        return self._join([self.evaluate_train(properties, **{**sequence, **part}) for part in parts])
+            return super().simulate(**values)
+        library = first_library(values) or first_library(self._protocol, self._bound)
+        return to_library(self._join([to_tensor(super(TrainLoop, self).simulate(**{**values, **part}))
+                                      for part in parts]), library)
 
     def jacobian(self, diff, **values):
-        parts = self.trains(self.played(**values), {**self.bound, **values})
+        parts = self._parts(values)
         if parts is None:
             return super().jacobian(diff, **values)
         # The caller's library (API.md 1.3), decided before the per-train values replace the arrays.
-        library = first_library(values) or first_library(self.protocol, self.bound)
+        library = first_library(values) or first_library(self._protocol, self._bound)
         signals, jacobians = [], []
         for part in parts:
             signal, jac = super().jacobian(diff, **{**values, **part})
             signals.append(to_tensor(signal))
             jacobians.append(to_tensor(jac))
         return to_library((self._join(signals), self._join(jacobians)), library)
+
+    def _parts(self, values: dict) -> list[dict] | None:
+        for name, dims in self.train_dims.items():
+            value = values.get(name)
+            if value is None:  # not given, or given as None: the fixed value applies
+                value = self._protocol.get(name)
+            if value is not None and _ndim(value) >= dims:
+                return self.trains(self.played(**values), {**self._bound, **values})
+        return None
 
     def _join(self, results: list) -> torch.Tensor:
         if self.train_axis == 0:

@@ -119,6 +119,7 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
     structural = ("npulses", "pulse_duration", "dwell")
     post_rotation_rad = math.pi / 2  # the read's -i Mz times +i
     train_axis = -1  # one simulation per offset, concatenated along the samples
+    train_dims = {"offsets": 0}  # a 0-d tensor too: offsets reach the layout as numbers
 
     def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         offsets = protocol.get("offsets")
@@ -135,8 +136,8 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
         # once as an affine map of the offset (model.py, "Structure resolution"): later offsets cost no layout.
         return [{"offsets": v} for v in values.unbind()]
 
-    def evaluate_train(self, properties, **sequence):
-        return super().evaluate_train(properties, **sequence).real
+    def evaluate(self, properties, **sequence):
+        return super().evaluate(properties, **sequence).real
 
     def layout(self, *, offsets, field_strength=3.0, B1sat=1.0, npulses=1, pulse_duration=100.0,
                interpulse_delay=0.0, recovery=6.5, dwell=0.01):

@@ -9,7 +9,7 @@ from ..model import REFOCUSED, Simulator, SpinPhysics
 from ..sequence.operators import Spoil
 from ._function_form import function_form
 from ._layout import check_order, rad, seconds
-from ._trains import TrainLoop
+from ._trains import TrainLoop, train_rows
 
 __all__ = ["FSESimulator", "HyperechoSimulator", "fse_sim", "hyperecho_sim"]
 
@@ -28,24 +28,17 @@ def _echo_values(name: str, value, echoes: int | None) -> list:
     return list(value.unbind(-1))
 
 
+_TRAIN_DIMS = {"flip": 2, "phases": 2, "TR": 1}  # the dimensions of a value with a leading train axis
+
+
 def _split_trains(protocol: dict) -> list[dict] | None:
     """Per-train values of an FSE-like protocol: rows of 2-D `flip`/`phases`, entries of an array `TR`."""
-    axes = {}
-    for name, dims in (("flip", 2), ("phases", 2), ("TR", 1)):
+    for name, dims in _TRAIN_DIMS.items():
         value = protocol.get(name)
-        if isinstance(value, torch.Tensor) and value.dim() == dims:
-            axes[name] = value
-        elif isinstance(value, torch.Tensor) and value.dim() > dims:
+        if isinstance(value, torch.Tensor) and value.dim() > dims:
             raise ValueError(f"{name} has shape {tuple(value.shape)}: give " +
                              ("one TR per train, (trains,)" if name == "TR" else "(ETL,) or (trains, ETL)"))
-    if not axes:
-        return None
-    counts = {name: value.shape[0] for name, value in axes.items()}
-    trains = max(counts.values())
-    if any(c not in (1, trains) for c in counts.values()):
-        raise ValueError(f"the train axes disagree: {', '.join(f'{k} has {v}' for k, v in counts.items())} trains; "
-                         "give the same number of trains (or one) for each")
-    return [{name: value[k if value.shape[0] > 1 else 0] for name, value in axes.items()} for k in range(trains)]
+    return train_rows(protocol, _TRAIN_DIMS)
 
 
 class FSESimulator(TrainLoop, Simulator):
@@ -59,7 +52,9 @@ class FSESimulator(TrainLoop, Simulator):
     second recorded: it starts from the longitudinal state left after `TR` recovery.
 
     Trains: a `(trains, ETL)` flip (or phases), or an array `TR`, gives one train per row or entry,
-    stacked first: `(trains, *voxel_shape, ETL)`. Tissue: T1, T2 (ms), M0, B1, and every API.md 4.1 name.
+    stacked first: `(trains, *voxel_shape, ETL)`. Each train is its own engine run (`TrainLoop`): trains
+    of one shape share a resolved structure, so repeated calls skip the layout. Tissue: T1, T2 (ms), M0,
+    B1, and every API.md 4.1 name.
 
     Returns `(..., ETL)` complex64: real and positive for a CPMG train (the default `exc_phase=90`); with
     ideal 180s, echo n is `M0 exp(-n ESP / T2)`. `TR` shorter than `ETL * ESP` is a ValueError.
@@ -68,6 +63,8 @@ class FSESimulator(TrainLoop, Simulator):
     model = SpinPhysics(properties=_TISSUE, operators=REFOCUSED)
     states = 10
     repetitions = 2
+
+    train_dims = _TRAIN_DIMS
 
     def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         return _split_trains(protocol)
@@ -108,6 +105,8 @@ class HyperechoSimulator(TrainLoop, Simulator):
     model = SpinPhysics(properties=_TISSUE, operators=REFOCUSED)
     states = None
     repetitions = 2
+
+    train_dims = _TRAIN_DIMS
 
     def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
         return _split_trains(protocol)

@@ -8,30 +8,53 @@ import torch
 
 from ..model import UNBALANCED, Simulator, SpinPhysics
 from ._function_form import function_form
+from ._trains import TrainLoop, train_count, train_rows
 
 __all__ = ["MRFSimulator", "mrf_sim"]
 
 
+#: The dimensions of a protocol value with a leading train axis.
+_TRAIN_DIMS = {"flip": 2, "phases": 2, "TR": 2}
+
+
 def _per_tr(name: str, value, count: int | None):
-    """Split a protocol value into one value per TR: a scalar repeats, a 1-D array gives its entries."""
+    """One value per TR: a scalar repeats, a 1-D array gives its entries, a `(trains, N)` array its
+    `(trains,)` columns and a `(trains, 1)` array its one column (not for `flip`, whose length is N)."""
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return [value] * (count or 1)
-    if value.dim() > 1:
-        raise NotImplementedError(f"{name} of shape {tuple(value.shape)}: a leading train axis is not supported "
-                                  "by MRFSimulator yet; give one 1-D train at a time")
-    if count is not None and value.numel() != count:
-        raise ValueError(f"{name} must be a scalar or hold one value per TR ({count}, the length of flip), "
-                         f"got {value.numel()}")
-    return list(value.unbind())
+    if value.dim() == 1:
+        if count is not None and value.numel() != count:
+            raise ValueError(f"{name} must be a scalar or hold one value per TR ({count}, the length of flip), "
+                             f"got {value.numel()}")
+        return list(value.unbind())
+    if name == "TR" and value.dim() == 2:
+        raise ValueError(f"TR of shape {tuple(value.shape)} gives each train its own timeline, laid out one train "
+                         "at a time: simulate() and jacobian() take it; describe() one train at a time (a 1-D TR)")
+    if value.dim() != 2 or (count is not None and value.shape[1] not in (1, count)):
+        accepted = "(N,) or (trains, N)" if count is None else f"a scalar, ({count},), (trains, 1) or (trains, {count})"
+        raise ValueError(f"{name} must be {accepted}, N = {count or 'the number of TRs'}; got shape "
+                         f"{tuple(value.shape)}")
+    if value.shape[1] == 1 and count is not None:
+        return [value[:, 0]] * count
+    return list(value.unbind(1))
 
 
-class MRFSimulator(Simulator):
+class MRFSimulator(TrainLoop, Simulator):
     """MR fingerprinting with FISP readouts (API.md 5.1).
 
     An ideal inversion and a `TI` delay, then per TR `excitation(flip, phase) @ readout(phase, TR)` with
     the UNBALANCED readout (sample, one unbalanced gradient, free evolution for TR). Protocol: `flip`
     (deg, one per TR), `TR` (ms, a scalar or one per TR), `TI=0` (ms), `phases=0` (deg, a scalar or one
     per TR). Tissue: T1, T2 (ms), M0, B1, inv_efficiency, and every API.md 4.1 name.
+
+    Trains (API.md 1.4): `flip` of shape `(trains, N)`, `phases` of shape `(trains, 1)` or `(trains, N)`
+    and `TR` of shape `(trains, 1)` or `(trains, N)` give one train per row, stacked first:
+    `(trains, *voxel_shape, N)`. A scalar or 1-D value is shared by every train; the 2-D values must
+    have the same number of rows, or one (shared). Flips and phases per train become event values with
+    a train axis, which the engine runs one program per train (walked and compiled on every call); a
+    `TR` per train changes the timeline, so each train is then laid out and run on its own (`TrainLoop`).
+    A single row, `(1, N)`, still gives a train axis of 1. `describe()` takes per-train flips and phases
+    (events with `(trains,)` values), not a 2-D `TR`.
 
     Returns `(..., len(flip))`, the last playing times +i (API.md 1.6): real, `+sin(a) Mz` before the
     pulse, negative after the inversion. `MRFSimulator(flip=[10, 20, 30], TR=10).simulate(T1=1000, T2=80)`
@@ -42,8 +65,20 @@ class MRFSimulator(Simulator):
                                     "inv_efficiency": "inversion_efficiency"}, operators=UNBALANCED)
     states = 10
     post_rotation_rad = math.pi / 2  # x +i, as a demodulation phase offset (free per sample)
+    train_dims = _TRAIN_DIMS
+
+    def trains(self, protocol: dict, tissue: dict) -> list[dict] | None:
+        tr = protocol.get("TR")
+        per_train_tr = isinstance(tr, torch.Tensor) and tr.dim() == 2
+        trains = train_count(protocol, _TRAIN_DIMS)
+        if trains is None or (trains > 1 and not per_train_tr):
+            return None  # one timeline: the engine takes the per-train flips and phases
+        parts = train_rows(protocol, _TRAIN_DIMS)
+        return [{name: v.reshape(()) if name != "flip" and v.numel() == 1 else v for name, v in part.items()}
+                for part in parts]
 
     def layout(self, *, flip, TR, TI=0.0, phases=0.0):
+        train_count({"flip": flip, "phases": phases}, _TRAIN_DIMS)  # names the arguments when trains disagree
         flips = _per_tr("flip", torch.deg2rad(flip) if isinstance(flip, torch.Tensor) else flip * torch.pi / 180,
                         None)
         trs = _per_tr("TR", TR * 1e-3, len(flips))
@@ -53,7 +88,6 @@ class MRFSimulator(Simulator):
         for a, tr, p in zip(flips, trs, rf, strict=True):
             ops.append(self.operators.excitation(a, p) @ self.operators.readout(p, duration_s=tr))
         return ops
-
 
 
 mrf_sim = function_form(
