@@ -229,10 +229,14 @@ class _JacobianRequest:
 
 
 def _structure(program) -> tuple:
-    """What must agree for two programs to share values: everything but the INTERVAL bits and the values."""
-    return (bytes((program.action & ~nat.INTERVAL).astype("int32")), bytes(program.record), program.path,
-            program.num_samples, program.num_states, program.num_repetitions, program.crusher_dk_rad_per_m,
-            program.voxel_size_m)
+    """What must agree for two programs to share values: everything but the INTERVAL bits and the values.
+
+    The RF frequencies and saturation constants (read by the semisolid lineshape, not part of the affine
+    values) are structure: a protocol that moves them is walked every call, never served stale ones.
+    """
+    return (bytes((program.action & ~nat.INTERVAL).astype("int32")), bytes(program.record),
+            program.rf_hz.tobytes() + program.sat_per_rad2.tobytes(), program.path, program.num_samples,
+            program.num_states, program.num_repetitions, program.crusher_dk_rad_per_m, program.voxel_size_m)
 
 
 def _keyword_names(function, skip: int) -> tuple[tuple, tuple, bool]:
@@ -815,7 +819,7 @@ class Simulator:
                 affine = AffineValues.fit(blocks, copies, p.detach())
         except Exception:  # a layout that cannot be walked with tensors requiring grad (e.g. .numpy())
             return None
-        if affine is None or _structure(program)[:2] != _structure(entry.program)[:2]:
+        if affine is None or _structure(program)[:3] != _structure(entry.program)[:3]:
             return None
         same_p = torch.equal(p.detach(), entry.p_ref)
         same_path = program.path == entry.program.path
@@ -831,7 +835,7 @@ class Simulator:
         complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
         program, windings = self._walk(args, settings, states, repetitions, record, complex_path)
         values = values_of(program)
-        if _structure(program)[:3] == _structure(entry.program)[:3] and entry.affine.matches(p, values):
+        if _structure(program)[:4] == _structure(entry.program)[:4] and entry.affine.matches(p, values):
             entry.verified = True
         else:
             entry.state = "walk"

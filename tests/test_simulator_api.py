@@ -614,6 +614,27 @@ def test_pools_take_the_engine_binding():
     assert rel(signal, raw * 1j) < 1e-6 and rel(J, raw_j * 1j) < 1e-6
 
 
+def test_rf_frequencies_moved_by_the_protocol_are_never_stale():
+    # The semisolid saturation reads each pulse's frequency offset, which the affine values do not carry:
+    # a structure whose frequencies follow a protocol tensor must not be served from another point.
+    class Offset(Simulator):
+        model = SpinPhysics(operators=UNBALANCED)
+
+        def layout(self, *, offset_hz):
+            return [self.operators.excitation(0.6, frequency_hz=offset_hz) @ self.operators.readout(duration_s=0.01)
+                    for _ in range(4)]
+
+    tissue = dict(T1=1000.0, T2=80.0, bound_fraction=0.15, bound_exchange=20.0)
+    pulse = blochsim.rf_definition(np.hanning(200), dwell_s=1e-5)  # 2 ms: a power the lineshape reads
+    sim = Offset(pulse=pulse)
+    for hz in (100.0, 2000.0, 300.0, 50.0):  # walked, then every later point at another frequency
+        got = sim.simulate(offset_hz=torch.tensor(hz), **tissue)
+        want = Offset(resolve=False, pulse=pulse).simulate(offset_hz=torch.tensor(hz), **tissue)
+        assert torch.equal(got, want), hz
+    assert rel(sim.simulate(offset_hz=torch.tensor(100.0), **tissue),
+               sim.simulate(offset_hz=torch.tensor(2000.0), **tissue)) > 1e-4  # the test can tell them apart
+
+
 def test_irfisp_example_runs():
     flip = torch.linspace(10, 40, 8).requires_grad_()
     sig, J = IRFisp(TR=8.0).jacobian(("T1", "T2"), flip=flip, T1=torch.tensor([800.0, 1200.0]), T2=60.0)

@@ -129,8 +129,8 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
         if values.numel() == 0:
             raise ValueError("offsets is empty: give at least one saturation offset (ppm)")
         if tissue.get("bound_fraction") is not None:
-            # Python numbers: each offset is its own structure, with its own RF frequencies, which the
-            # semisolid lineshape reads (a structure resolved at another offset would keep that offset's).
+            # Python numbers: each offset is its own structure, kept with its own RF frequencies, which the
+            # semisolid lineshape reads (frequencies are structure: one shared structure is walked every call).
             return [{"offsets": float(v)} for v in values.tolist()]
         # Detached 0-d tensors: every offset shares one structure, whose values (the phases) are resolved
         # once as an affine map of the offset (model.py, "Structure resolution"): later offsets cost no layout.
