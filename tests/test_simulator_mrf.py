@@ -145,3 +145,37 @@ def test_function_form():
         mrf_sim(flips, 10.0, 1000.0)
     with pytest.raises(TypeError, match="did you mean 'T2'"):
         mrf_sim(flips, 10.0, 1000.0, 80.0, T22=3.0)
+
+
+@pytest.mark.parametrize("protocol", [
+    dict(flip=torch.linspace(5, 60, 50), TR=10.0),
+    dict(flip=[10.0, 20.0, 30.0], TR=[10.0, 12.0, 14.0], TI=20.0, phases=[0.0, 90.0, 45.0]),
+    dict(flip=torch.linspace(5, 60, 5, dtype=torch.float64), TR=torch.tensor(10.0), TI=torch.tensor(5.0),
+         phases=torch.tensor([0.0, 1, 2, 3, 4])),
+])
+def test_the_direct_layout_equals_the_operators(protocol, monkeypatch):
+    from blochsim.model import Simulator
+    sim = MRFSimulator(**protocol)
+    args = sim._convert_protocol(dict(protocol))
+    walked = Simulator._compose(sim, args, {})
+    monkeypatch.setattr(MRFSimulator, "layout", lambda self, **kw: pytest.fail("the direct layout walked"))
+    direct = sim._compose(args, {})
+    assert direct.events == walked.events
+    assert torch.equal(torch.as_tensor(direct.tr_duration_us), torch.as_tensor(walked.tr_duration_us))
+    assert direct.rf_definitions == walked.rf_definitions and direct.shim_definitions == walked.shim_definitions
+
+
+def test_handler_slots_and_pulses_take_the_operators():
+    from blochsim.sequence import SPGRReadout
+
+    class Spoiled(MRFSimulator):
+        readout = SPGRReadout
+
+    from blochsim.model import Simulator
+    flip = torch.linspace(5, 60, 6)
+    sim = Spoiled(flip=flip, TR=10.0)
+    walked = Simulator._compose(sim, sim._convert_protocol({"flip": flip, "TR": 10.0}), {})
+    assert sim.describe().events == walked.events
+    assert sim.describe().events != MRFSimulator(flip=flip, TR=10.0).describe().events
+    pulse = blochsim.rf_definition(np.hanning(64), dwell_s=1e-5)
+    assert MRFSimulator(flip=flip, TR=10.0, pulse=pulse).describe().rf_definitions[0] is pulse
