@@ -75,8 +75,8 @@ def tissue(device, pools="free", n=300, b0=False):
 
 CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, True) for states in (10, 32, 40)
          if not (pools != "free" and states != 10)]
-# Forward and JVP launch a warp per voxel (orders across lanes; 40 orders: two per lane) or a thread per
-# voxel (launch_rules.hpp); both are held to the host.
+# Forward, JVP and the adjoints of pool model 0 launch a warp per voxel (orders across lanes; 40 orders: two
+# per lane) or a thread per voxel (launch_rules.hpp); both are held to the host.
 MAPPINGS = ("warp", "thread")
 
 
@@ -120,17 +120,23 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
 
 @pytest.mark.parametrize("states", (10, 40))
 def test_order_dependent_physics_matches_host(states, mapping):
-    """Diffusion and flow factors depend on the order: a lane must use its own orders, not 0..K/32."""
-    flips, _ = train()
-    d = mrf_description(flips, 0.01, crusher_dephasing_rad=2 * math.pi, voxel_size_m=1e-3)
+    """Diffusion and flow factors depend on the order: a lane must use its own orders, not 0..K/32, forward
+    and in the adjoint (the gradients along D and v are sums over orders)."""
     results = {}
     for device in ("cpu", "cuda"):
+        flips, _ = train()
+        flips = flips.to(torch.float64).requires_grad_()
+        d = mrf_description(flips, 0.01, crusher_dephasing_rad=2 * math.pi, voxel_size_m=1e-3)
         t = tissue(device)
         n = t.t1_ms.numel()
-        t = TissueProperties(t1_ms=t.t1_ms, t2_ms=t.t2_ms, diffusion_um2_per_ms=torch.linspace(0.5, 3, n).to(device),
-                             velocity_m_per_s=torch.linspace(-0.01, 0.01, n).to(device))
-        results[device] = engine.simulate(d, t, states=states)
-    assert rel(results["cuda"], results["cpu"]) < 1e-5
+        D = torch.linspace(0.5, 3, n).to(device).requires_grad_()
+        v = torch.linspace(-0.01, 0.01, n).to(device).requires_grad_()
+        t = TissueProperties(t1_ms=t.t1_ms, t2_ms=t.t2_ms, diffusion_um2_per_ms=D, velocity_m_per_s=v)
+        signal = engine.simulate(d, t, states=states)
+        results[device] = (signal, *torch.autograd.grad((signal.abs() ** 2).sum(), [flips, D, v]))
+    cpu, gpu = results["cpu"], results["cuda"]
+    assert rel(gpu[0], cpu[0]) < 1e-5
+    assert all(rel(g, c) < 1e-4 for g, c in zip(gpu[1:], cpu[1:], strict=True))
 
 
 def test_results_stay_on_the_device_and_odd_voxel_counts_work(mapping):

@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
 // A warp simulates one voxel; lane l holds orders l * KPL .. l * KPL + KPL - 1 of every plane, in registers
 // (pool model 0) or in the lane's own local array (tabulated layouts, whose plane count is read at run time).
 // Per-event values and per-voxel tables are read by all lanes at one address (a broadcast); the shift moves
-// one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual); adjoints keep a thread
-// per voxel.
+// one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual) for every layout; the
+// adjoints (VJP, and VJP-JVP with N a Dual) for pool model 0, each lane keeping its own checkpoints.
 // F+(k) -> F+(k+1), F-(k) -> F-(k-1) across the warp; orders >= K drop out; new F+(0) = conj(new F-(0)).
 struct WarpShift {
   int lane;
@@ -141,6 +141,31 @@ struct WarpShift {
     for (int64_t j = 0; j < kpl; ++j)
       if (lane * kpl + j >= K) x.p[j] = x.m[j] = S(0);
     if (lane == 0) x.p[0] = conj(x.m[0]);
+  }
+};
+
+// The adjoint of WarpShift: lambda(F+(0)) feeds lambda(F-(0)) (conjugated) and leaves; orders >= K hold no
+// lambda; lambda(F+) moves down an order and lambda(F-) up, across lanes.
+struct WarpShiftAdjoint {
+  int lane;
+  int64_t K;
+  template <class S>
+  __device__ void operator()(Planes<S> l, int64_t kpl) const {
+    if (lane == 0) {
+      l.m[0] += conj(l.p[0]);
+      l.p[0] = S(0);
+    }
+    BS_UNROLL
+    for (int64_t j = 0; j < kpl; ++j)
+      if (lane * kpl + j >= K) l.p[j] = l.m[j] = S(0);
+    const S up = each_float(l.p[0], FromLaneAbove{});
+    const S down = each_float(l.m[kpl - 1], FromLaneBelow{});
+    BS_UNROLL
+    for (int64_t j = 0; j < kpl - 1; ++j) l.p[j] = l.p[j + 1];
+    l.p[kpl - 1] = lane == 31 ? S(0) : up;
+    BS_UNROLL
+    for (int64_t j = kpl - 1; j > 0; --j) l.m[j] = l.m[j - 1];
+    l.m[0] = lane == 0 ? S(0) : down;
   }
 };
 
@@ -166,6 +191,38 @@ __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_i
   const WarpShift shift{lane, pb.K};
   const int64_t n = pb.E * pb.reps;
   for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
+}
+
+// Adjoint of pool model 0 with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its
+// work states in registers, its checkpoints and replay buffer interleaved in device scratch by lane), the
+// event-value gradients are summed over the warp by DeviceEventGrad, the tissue gradients here.
+template <class N, class S, int KPL, class R>
+__global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
+                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t v = thread >> 5;
+  if (v >= V) return;  // whole warps
+  Problem<R> pb = specialise<KPL>(pb_in);  // model 0, and states of the lane's KPL orders
+  const int64_t K = pb_in.K;
+  eg.active = true;
+  io.base = v * pb.S;
+  const Voxel<N> t = load_voxel<N>(pb, v);
+  S work[3 * 3 * KPL];
+  VoxelGrad<N> g;
+  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, TableGrad<N>{},
+                  WarpShift{lane, K}, WarpShiftAdjoint{lane, K}, int64_t(lane) * KPL);
+  const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
+                                      g.b1phase, g.b0, g.inv, g.D, g.v};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
+    const N total = warp_sum(per_param[j]);
+    if (lane != 0) continue;
+    if (out.tissue[j]) out.tissue[j][v] = value_of(total);
+    if constexpr (Num<N>::P > 0) {
+      if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
+    }
+  }
 }
 
 }  // namespace bs

@@ -82,6 +82,15 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
   S* state_scratch = static_cast<S*>(scratch);
+  if (warp_adjoint(pb, V, !std::is_same<N, S>::value)) {
+    const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
+    if (warp_orders_per_lane(pb.K) == 2)
+      vjp_warp_kernel<N, S, 2><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch);
+    else
+      vjp_warp_kernel<N, S, 1><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch);
+    check_cuda(cudaGetLastError(), "adjoint kernel launch");
+    return;
+  }
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V));
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {

@@ -181,7 +181,7 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
                 const bs_grads* grads_tangent, const bs_table_grads* table_grads,
                 const bs_table_grads* table_grads_tangent, void* scratch, int64_t scratch_bytes, cudaStream_t stream) {
   if (V == 0) return;
-  if (scratch_bytes < vjp_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
+  if (scratch_bytes < vjp_scratch_bytes<N, S>(pb, V, false)) throw std::invalid_argument("scratch is too small");
   bs12::EventGradParams<R> eg{};
   void* const outs[4] = {grads.dt_s, grads.flip_rad, grads.phase_rad, grads.dt_wrap_s};
   const int64_t counts[4] = {pb.E, pb.E, pb.E, 1};
@@ -212,7 +212,7 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
   S* state_scratch = static_cast<S*>(scratch);
-  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V));
+  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, false));
   const int kc = registers_layout<N>(pb);
   launch(kernel_name<N, S>("vjp_kernel", kc), V, stream, pb, V, io, eg, out, state_scratch, table_scratch,
          table_total(pb));
@@ -293,7 +293,7 @@ const Args& float32_args(const void* args) {
 
 template <class N, class S>
 int64_t vjp_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {
-  return vjp_scratch_bytes<N, S>(make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels);
+  return vjp_scratch_bytes<N, S>(make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels, false);
 }
 template <class N, class S>
 int64_t forward_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {

@@ -383,10 +383,11 @@ BS_HD void interval_grads(const Interval<N>& c, const Voxel<N>& t, const Interva
   *g_dt += w * gdt + c.dw_ddt * q_all;
 }
 
-// Adjoint of relax. x is the state before the interval. Adds d/d(dt) to *g_dt and tissue terms to g.
+// Adjoint of relax. x is the state before the interval. Adds d/d(dt) to *g_dt and tissue terms to g
+// (a warp lane's share: k0 as in relax, the lanes' terms summed by the caller).
 template <class N, class S>
 BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>& c, const Voxel<N>& t,
-                         VoxelGrad<N>& g, N* g_dt) {
+                         VoxelGrad<N>& g, N* g_dt, int64_t k0 = 0) {
   using R = typename Num<N>::Real;
   // Sums of q = conj(lambda') * a_nowash * x over each plane, plain and weighted by the order terms.
   Cx<N> QP, QM, QZ, QPc, QMc, QZc, QPf, QMf, QZf;
@@ -400,7 +401,7 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
       sm += conj(l.m[k]) * x.m[k];
       sz += conj(l.z[k]) * x.z[k];
     }
-    sz += -conj(l.z[0]);  // Z(0) enters as Z(0) - 1 (recovery)
+    if (k0 == 0) sz += -conj(l.z[0]);  // Z(0) enters as Z(0) - 1 (recovery)
     QP = ap * as_cx(sp);
     QM = am * as_cx(sm);
     QZ = az * as_cx(sz);
@@ -415,8 +416,8 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     Cx<N> ap, am, az;
-    order_factors(c, k, ap, am, az);
-    const S xz = k == 0 ? S(x.z[0] - S(1)) : x.z[k];
+    order_factors(c, k + k0, ap, am, az);
+    const S xz = k + k0 == 0 ? S(x.z[0] - S(1)) : x.z[k];
     const Cx<N> qp = conj(as_cx(l.p[k])) * (ap * as_cx(x.p[k]));
     const Cx<N> qm = conj(as_cx(l.m[k])) * (am * as_cx(x.m[k]));
     const Cx<N> qz = conj(as_cx(l.z[k])) * (az * as_cx(xz));
@@ -424,13 +425,13 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     QM += qm;
     QZ += qz;
     if (c.diffusion) {
-      const R kk = R(k);
+      const R kk = R(k + k0);
       QPc += qp * N(kk * kk + kk + R(1) / R(3));
       QMc += qm * N(kk * kk - kk + R(1) / R(3));
       QZc += qz * N(kk * kk);
     }
     if (c.flow) {
-      const R kk = R(k);
+      const R kk = R(k + k0);
       QPf += qp * N(kk + R(0.5));
       QMf += qm * N(R(0.5) - kk);
       QZf += qz * N(kk);

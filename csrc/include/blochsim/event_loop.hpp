@@ -70,14 +70,22 @@ BS_HD int64_t interval_row(const Problem<R>& pb, const EventValues<N>& ev) {
 template <class S, class N, class R>
 BS_HD void equilibrium_state(const Problem<R>& pb, int64_t v, State<S> x) {
   zero_state(x);
-  for (int q = 0; q < x.nl; ++q) x.z(q)[0] = pb.tabulated ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
+  if (x.k0 == 0)
+    for (int q = 0; q < x.nl; ++q) x.z(q)[0] = pb.tabulated ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
 }
 
-// The shift of one plane pair, within one voxel's array (a warp's lanes shift across lanes instead).
+// The shift of one plane pair and its adjoint, within one voxel's array (a warp's lanes shift across lanes
+// instead: epg_device.cuh).
 struct LocalShift {
   template <class S>
   BS_HD void operator()(Planes<S> x, int64_t K) const {
     shift(x, K);
+  }
+};
+struct LocalShiftAdjoint {
+  template <class S>
+  BS_HD void operator()(Planes<S> l, int64_t K) const {
+    shift_adjoint(l, K);
   }
 };
 
@@ -118,12 +126,14 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
 }
 
 // Adjoint of one event. x_pre: state before the event; tmp: scratch; l: lambda, updated in place.
-template <class N, class S, class R, class EG>
+// A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
+template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
                         State<S> x_pre, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
-                        const EG& eg, TableGrad<N> tg) {
+                        const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
+                        const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
-  const int64_t K = pb.K;
+  const int64_t K = l.K;
   // Recompute the state ahead of the RF / ADC.
   copy_state(tmp, x_pre);
   Interval<N> iv;
@@ -132,7 +142,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     if (pb.tabulated)
       relax_tables(pb, v, interval_row(pb, ev), iv, tmp);
     else
-      relax(tmp.water(0), K, iv);
+      relax(tmp.water(0), K, iv, tmp.k0);
   }
   if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < tmp.nt; ++p) shift(tmp.water(p), K);
@@ -147,12 +157,14 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   if (io.cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
     const Cx<N> w = io.get(ev.record);
     const Cx<N> turn = cis(-ev.phase);
-    Cx<N> u;
-    for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
-    u = u * turn;
-    g.m0 += re_dot(w, u);
+    Cx<N> u;  // the sample's F+(0): on the lane that holds order 0 (zero elsewhere)
+    if (tmp.k0 == 0) {
+      for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
+      u = u * turn;
+      g.m0 += re_dot(w, u);
+      for (int p = 0; p < l.nt; ++p) add_sample_adjoint(l.fp(p)[0], w, turn * t.m0);
+    }
     eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
-    for (int p = 0; p < l.nt; ++p) add_sample_adjoint(l.fp(p)[0], w, turn * t.m0);
   }
   if (ev.action & BS_INVERSION) {
     for (int p = 0; p < l.nt; ++p) invert_adjoint(l.water(p), tmp.water(p), K, t.inv, g.inv);
@@ -174,7 +186,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     if (pb.tabulated)
       relax_tables_adjoint(pb, v, interval_row(pb, ev), iv, t, l, x_pre, tg, g, &g_dt);
     else
-      relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, &g_dt);
+      relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, &g_dt, l.k0);
     eg.add(ev.wrap ? kGradDtWrap : kGradDt, ev.e, g_dt);
   }
 }
@@ -192,8 +204,8 @@ BS_HD int64_t store_states(const Problem<R>& pb) {
   return pb.stride + (n + pb.stride - 1) / pb.stride;
 }
 template <class S, class R>
-BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index) {
-  return State<S>{base + state_size(pb) * index, pb.K, pb.nt, pb.nl};
+BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
+  return State<S>{base + state_size(pb) * index, pb.K, pb.nt, pb.nl, k0};
 }
 
 template <class N, class S, class R>
@@ -205,18 +217,20 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
 }
 
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
-// replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set.
-template <class N, class S, class R, class EG>
+// replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set. A warp
+// lane passes its orders (pb.K of them from k0) and the warp's shifts, and adds its share to g, eg and tg.
+template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
-                     VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg) {
+                     VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
+                     const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), int64_t k0 = 0) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride;
-  State<S> x = state_at(pb, work, 0), tmp = state_at(pb, work, 1), l = state_at(pb, work, 2);
-  auto replay = [&](int64_t j) { return state_at(pb, store, j); };
-  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c); };
+  State<S> x = state_at(pb, work, 0, k0), tmp = state_at(pb, work, 1, k0), l = state_at(pb, work, 2, k0);
+  auto replay = [&](int64_t j) { return state_at(pb, store, j, k0); };
+  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c, k0); };
   equilibrium_state<S, N>(pb, v, x);
   for (int64_t i = 0; i < n; ++i) {
     if (i % stride == 0) copy_state(checkpoint(i / stride), x);
-    step_forward(pb, v, t, load_event<N>(pb, i), x, &io);
+    step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
   }
   zero_state(l);
   for (int64_t c = (n - 1) / stride; c >= 0; --c) {
@@ -224,13 +238,14 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     copy_state(x, checkpoint(c));
     for (int64_t i = i0; i < i1; ++i) {
       copy_state(replay(i - i0), x);
-      if (i + 1 < i1) step_forward(pb, v, t, load_event<N>(pb, i), x, static_cast<const SampleIO<N>*>(nullptr));
+      if (i + 1 < i1)
+        step_forward(pb, v, t, load_event<N>(pb, i), x, static_cast<const SampleIO<N>*>(nullptr), shift);
     }
     for (int64_t i = i1 - 1; i >= i0; --i)
-      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), tmp, l, io, g, eg, tg);
+      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), tmp, l, io, g, eg, tg, shift, shift_adjoint);
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
-  if (pb.tabulated)
+  if (pb.tabulated && k0 == 0)
     for (int q = 0; q < l.nl; ++q) tg.zeq[q] += re(l.z(q)[0]);
 }
 

@@ -39,6 +39,13 @@ inline bool warp_mapping(const Problem<R>& pb, int64_t V, bool complex_path) {
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
+// Adjoints (VJP, VJP-JVP) of pool model 0 take the warp mapping at the same points; the tabulated
+// adjoints keep a thread per voxel (their table cotangents are per voxel).
+template <class R>
+inline bool warp_adjoint(const Problem<R>& pb, int64_t V, bool complex_path) {
+  return !pb.tabulated && warp_mapping(pb, V, complex_path);
+}
+
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
 // for an adjoint) and, for adjoints, the store. Threads interleave there (epg_device.cuh): element i of
 // thread t at scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
@@ -55,7 +62,11 @@ inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_
 }
 
 template <class N, class S, class R>
-inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V) {
+inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if (warp_kernels && warp_adjoint(pb, V, !std::is_same<N, S>::value)) {  // a store per lane, of 3 planes x KPL
+    const int64_t per_lane = store_states(pb) * 3 * warp_orders_per_lane(pb.K);
+    return (int64_t(sizeof(S)) * 32 * V * per_lane + 255) / 256 * 256;
+  }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
 }
@@ -68,8 +79,8 @@ inline int64_t table_total(const Problem<R>& pb) {
 }
 
 template <class N, class S, class R>
-inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V) {
-  return vjp_state_bytes<N, S>(pb, V) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
+inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
 }
 
 }  // namespace bs
