@@ -34,6 +34,7 @@ from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of
 from .engine.bind import needs_complex as _needs_complex
 from .engine.program import TrainAxisError
 from .engine.steady import simulate_steady
+from .engine.vmap import loop_under_vmap
 from .sequence.description import SequenceDescription
 from .sequence.events import EventType, RfUse
 from .sequence.operators import (
@@ -284,6 +285,7 @@ class Simulator:
     _variables: tuple = ()
     _required: tuple = ()
     _open_protocol = False
+    _vmap_attributes = ("_protocol", "_bound")  # fixed values that a vmap batch may hold (engine.vmap)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -542,6 +544,7 @@ class Simulator:
             settings = {k: v for k, v in settings.items() if k in self._evaluate_settings}
         return {**self._convert_protocol(protocol), **settings}
 
+    @loop_under_vmap
     def simulate(self, **values):
         """The signal (API.md 1.3-1.6): tissue properties, protocol and run settings by name.
 
@@ -564,6 +567,7 @@ class Simulator:
         settings = {name: sequence.pop(name) for name in RUN_SETTINGS if name in sequence}
         return self._engine(properties, sequence, settings)
 
+    @loop_under_vmap
     def jacobian(self, diff, **values):
         """(signal, J) by forward mode, all voxels at once (API.md 2.4).
 
@@ -808,6 +812,8 @@ class Simulator:
 
     def _resolve_entry(self, entry, p, args, leaves, settings, states, repetitions, record, complex_states, dtype):
         """Second sight of a structure: fit `values = A p + b`, check it, and cache it. None if it fails."""
+        if torch._C._functorch.peek_interpreter_stack() is not None:
+            return None  # the fit needs autograd, which torch.func transforms forbid: resolve on a later call
         copies = [x.detach().requires_grad_() for x in leaves]
         lookup = {id(x): c for x, c in zip(leaves, copies, strict=True)}
         probe = {name: lookup.get(id(value), value) for name, value in args.items()}

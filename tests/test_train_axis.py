@@ -15,12 +15,20 @@ import pytest
 import torch
 
 from blochsim import engine
-from blochsim.engine.program import TrainAxisError, compile_program, split_trains
+from blochsim.engine import TrainAxisError, compile_program, split_trains
 from blochsim.model import BALANCED, Simulator, SpinPhysics
-from blochsim.sequence import SequenceDescription, TissueProperties, mrf_description
+from blochsim.sequence import EpgEngine, SequenceDescription, TissueProperties, mrf_description, pack_description
 from blochsim.sequence.events import RfUse, SequenceEvent
 from blochsim.sequence.operators import Delay, Excitation, Readout, SampledPulse, Spoil
-from blochsim.simulators import MRFSimulator
+from blochsim.simulators import (
+    FLASHSimulator,
+    MPnRAGESimulator,
+    MPRAGESimulator,
+    MRFSimulator,
+    StimulatedEchoSimulator,
+    TrueFISPSimulator,
+    fmSSFPSimulator,
+)
 
 F64 = torch.float64
 TISSUE = TissueProperties(t1_ms=torch.tensor([800.0, 1200.0]), t2_ms=torch.tensor([60.0, 90.0]))
@@ -154,3 +162,78 @@ def test_custom_simulator_with_a_per_train_argument():
     assert J.shape == (3, 2, 2, 8) and rel(J[2], sim.jacobian("T2", increment=increment[2].detach(), **tissue)[1]) < REL
     raw = Simulator.from_description(sim.describe(increment=increment.detach()), model=PhaseCycled.model)
     assert rel(raw.simulate(**tissue), want.detach()) < REL
+
+
+def test_epg_engine_stacks_trains_under_one_set_of_labels():
+    flip = flips(2, 6)
+    description = mrf_description(flip, 0.01, inversion_time_s=0.02)
+    one = [mrf_description(flip[k], 0.01, inversion_time_s=0.02) for k in (0, 1)]
+    for settings in (dict(repetitions=1), dict(repetitions=3, record_every=True), dict(repetitions="auto")):
+        packed = pack_description(description, **settings)
+        assert len(packed.trains) == 2
+        got = EpgEngine().simulate(description, TISSUE, events=packed)
+        want = [EpgEngine().simulate(d, TISSUE, events=pack_description(d, **settings)) for d in one]
+        assert got.signal.shape == (2,) + tuple(want[0].signal.shape), settings
+        assert rel(got.signal, torch.stack([w.signal for w in want])) < REL, settings
+        for label in ("time_us", "event_index", "repetition", "echo", "echo_index"):
+            assert torch.equal(getattr(got, label), getattr(want[0], label)), (settings, label)
+    assert EpgEngine().simulate(description, TISSUE).signal.shape == (2, 2, 6)  # packed on the way
+    assert pack_description(one[0]).trains == ()
+
+
+# -- the per-shot layouts -----------------------------------------------------------------------------
+PER_SHOT = [  # (simulator, extra tissue); 4 shots each
+    pytest.param(MPnRAGESimulator(nshots=4, TR=10.0, TI=20.0), {}, id="mpnrage"),
+    pytest.param(MPRAGESimulator(TI=900.0, TRspgr=8.0, nshots=4), {}, id="mprage"),
+    pytest.param(FLASHSimulator(TR=10.0, TE=3.0, nshots=4), dict(T2=60.0), id="flash-shaped"),  # sample by sample
+    pytest.param(FLASHSimulator(TR=10.0, TE=3.0, nshots=4, pulse_duration=0.0, rf_spoiling=117.0), dict(T2=60.0),
+                 id="flash-rf-spoiled"),
+    pytest.param(TrueFISPSimulator(TR=10.0, nshots=4), dict(T2=60.0, B0=torch.tensor([[0.0], [15.0]])),
+                 id="truefisp-shaped"),
+    pytest.param(fmSSFPSimulator(TR=10.0, nshots=4), dict(T2=60.0, B0=15.0), id="fmssfp"),
+    pytest.param(fmSSFPSimulator(TR=10.0, nshots=4, pulse_duration=1.0), dict(T2=60.0), id="fmssfp-shaped"),
+]
+
+
+@pytest.mark.parametrize("sim, extra", PER_SHOT)
+def test_per_shot_flips_with_a_train_axis_equal_separate_calls(sim, extra):
+    flip = torch.tensor([[5.0, 7.0, 9.0, 11.0], [10.0, 12.0, 14.0, 16.0], [20.0, 15.0, 10.0, 5.0]], dtype=F64)
+    tissue = dict(T1=torch.tensor([800.0, 1200.0]), **extra)
+    got = sim.simulate(flip=flip, **tissue)
+    want = torch.stack([sim.simulate(flip=flip[k], **tissue) for k in range(3)])
+    assert got.shape == want.shape and got.shape[0] == 3 and rel(got, want) < REL
+    column = sim.simulate(flip=flip[:, :1], **tissue)  # (trains, 1): one flip per train, every shot
+    assert rel(column, torch.stack([sim.simulate(flip=flip[k, 0], **tissue) for k in range(3)])) < REL
+
+    if isinstance(sim, (FLASHSimulator, MPRAGESimulator)):  # gradients reach every train's flips
+        a, b = flip.clone().requires_grad_(), flip.clone().requires_grad_()
+        sim.simulate(flip=a, **tissue).abs().sum().backward()
+        torch.stack([sim.simulate(flip=b[k], **tissue) for k in range(3)]).abs().sum().backward()
+        assert rel(a.grad, b.grad) < REL and a.grad.abs().sum(1).min() > 0
+
+
+def test_per_train_phases_of_the_spoiled_trains():
+    flip = torch.tensor([[5.0, 7.0, 9.0, 11.0], [10.0, 12.0, 14.0, 16.0]], dtype=F64)
+    phases = torch.tensor([[0.0, 10.0, 30.0, 60.0], [0.0, 50.0, 150.0, 300.0]], dtype=F64)
+    tissue = dict(T1=torch.tensor([800.0, 1200.0]), B0=torch.tensor([[0.0], [10.0]]))
+    for sim in (MPnRAGESimulator(nshots=4, TR=10.0, TI=20.0), MPRAGESimulator(TI=900.0, TRspgr=8.0, nshots=4)):
+        got = sim.simulate(flip=flip, phases=phases, **tissue)
+        want = torch.stack([sim.simulate(flip=flip[k], phases=phases[k], **tissue) for k in (0, 1)])
+        assert rel(got, want) < REL
+        shared = sim.simulate(flip=flip[0], phases=phases, **tissue)  # a 1-D flip is shared by the trains
+        assert rel(shared, torch.stack([sim.simulate(flip=flip[0], phases=p, **tissue) for p in phases])) < REL
+
+
+def test_stimulated_echo_trains_and_per_shot_shape_errors():
+    sim = StimulatedEchoSimulator(TE=20.0, TM=30.0)
+    flip = torch.tensor([[90.0, 90.0, 90.0], [60.0, 70.0, 80.0]])
+    tissue = dict(T1=torch.tensor([800.0, 1200.0]), T2=60.0)
+    got = sim.simulate(flip=flip, **tissue)
+    assert got.shape == (2, 2, 2) and rel(got, torch.stack([sim.simulate(flip=f, **tissue) for f in flip])) < REL
+    with pytest.raises(ValueError, match=r"flip must be a scalar .* 3 flips, or one row per train, \(trains, 3\)"):
+        sim.simulate(flip=torch.ones(2, 2), **tissue)
+    mpnrage = MPnRAGESimulator(nshots=4, flip=7.0)
+    with pytest.raises(ValueError, match=r"flip must be .* \(trains, 4\) or \(trains, 1\); got shape \(2, 3\)"):
+        mpnrage.simulate(flip=torch.ones(2, 3), TR=10.0, T1=900.0)
+    with pytest.raises(ValueError, match=r"TR must be a scalar \(ms\) or one value per shot \(4\); got shape"):
+        mpnrage.simulate(TR=torch.full((2, 4), 10.0), T1=900.0)  # a duration sets the shared timeline

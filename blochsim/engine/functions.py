@@ -8,6 +8,8 @@
 | (backwards)    | VJP-JVP               | the backward of a gradient (HVP) or of a Jacobian          |
 
 A third derivative raises RuntimeError: the second-order results come out of `_NoThirdOrder`.
+Each Function has a separate `setup_context` (which torch.func needs) and a `vmap` rule, a loop over the
+batch (`engine.vmap`; `_NoThirdOrder` only clones, so torch.func generates its rule).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from . import kernels as K
+from .vmap import holds_batch, vmap_rule
 
 __all__ = ["EpgSimulate", "EpgVjp", "EpgJacobian", "THIRD_ORDER_MESSAGE", "run_forward"]
 
@@ -28,9 +31,15 @@ THIRD_ORDER_MESSAGE = (
 class _NoThirdOrder(torch.autograd.Function):
     """Identity on second-order results, wired to the inputs they depend on; its backward refuses."""
 
+    generate_vmap_rule = True  # clones only
+
     @staticmethod
-    def forward(ctx, n, *args):
+    def forward(n, *args):
         return tuple(a.clone() for a in args[:n])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, *grads):
@@ -92,19 +101,29 @@ class EpgSimulate(torch.autograd.Function):
         tangents = [_as_tangent(t, x) for t, x in zip(tangents, inputs, strict=True)]
         if all(t is None for t in tangents):
             return torch.zeros((ctx.static.num_voxels, ctx.static.num_samples), dtype=K._complex(ctx.static.dtype))
+        if any(t is not None and holds_batch(t) for t in tangents):
+            # A batch of tangents (torch.func.jacfwd): EpgJacobian's vmap rule loops over it.
+            return EpgJacobian.apply(ctx.static, len(inputs), *inputs, *tangents)[1][0]
         _, signal_tangent = K.jvp(ctx.static, inputs, tangents)
         return signal_tangent[0]
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_rule(EpgSimulate, info, in_dims, *args)
 
 
 class EpgVjp(torch.autograd.Function):
     """grads = EpgVjp.apply(static, wanted, cotangent, *inputs): the gradients of the wanted inputs."""
 
     @staticmethod
-    def forward(ctx, static, wanted, cotangent, *inputs):
-        ctx.static, ctx.wanted = static, wanted
-        ctx.save_for_backward(cotangent, *inputs)
+    def forward(static, wanted, cotangent, *inputs):
         grads = K.vjp(static, inputs, cotangent, wanted)
         return tuple(g.reshape(x.shape) for g, x, w in zip(grads, inputs, wanted, strict=True) if w)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.static, ctx.wanted = inputs[0], inputs[1]
+        ctx.save_for_backward(*inputs[2:])
 
     @staticmethod
     def backward(ctx, *grad_grads):
@@ -122,6 +141,10 @@ class EpgVjp(torch.autograd.Function):
         routed = _second_order([grad_cot, *second], [cotangent, *inputs])
         return (None, None, *routed)
 
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_rule(EpgVjp, info, in_dims, *args)
+
 
 class EpgJacobian(torch.autograd.Function):
     """(signal [V, S], J [P, V, S]) = EpgJacobian.apply(static, n, *inputs, *tangents).
@@ -133,11 +156,13 @@ class EpgJacobian(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, static, n, *args):
-        inputs, tangents = args[:n], args[n:]
-        ctx.static, ctx.n = static, n
-        ctx.save_for_backward(*inputs, *tangents)
-        return K.jvp(static, inputs, tangents)
+    def forward(static, n, *args):
+        return K.jvp(static, args[:n], args[n:])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.static, ctx.n = inputs[0], inputs[1]
+        ctx.save_for_backward(*inputs[2:])
 
     @staticmethod
     def backward(ctx, grad_signal, grad_jac):
@@ -168,3 +193,7 @@ class EpgJacobian(torch.autograd.Function):
                                                                                      strict=True)]
         routed = _second_order(total + grad_tangents, list(inputs) + list(tangents))
         return (None, None, *routed)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_rule(EpgJacobian, info, in_dims, *args)

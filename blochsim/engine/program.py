@@ -131,14 +131,16 @@ class _PerTrain(Exception):
 class TrainAxisError(NotImplementedError):
     """A description whose event values carry a train axis, given to a compiler of one train.
 
-    `engine.simulate`, `engine.jacobian` and the simulators catch it and run `parts` (`split_trains`),
-    one program per train; any other caller sees the message.
+    `engine.simulate`, `engine.jacobian`, the simulators and `EpgEngine.simulate` (through
+    `pack_description`) run `parts` (`split_trains`), one program per train; any other caller sees the
+    message.
     """
 
     def __init__(self, parts: list):
         super().__init__(f"this description has a train axis ({len(parts)} trains: event values of shape "
                          f"({len(parts)},)) and this caller takes one train; blochsim.engine.simulate and jacobian "
-                         "take them all, or give one train at a time (blochsim.engine.program.split_trains)")
+                         "and EpgEngine.simulate take them all, or give one train at a time "
+                         "(blochsim.engine.split_trains)")
         self.parts = parts
 
 

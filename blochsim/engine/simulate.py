@@ -15,6 +15,7 @@ from .pools import interval_rows, pool_model, pool_tables
 from .program import Program, TrainAxisError, compile_program
 from .tissue import pack_tissue
 from .unrefocused import apply_t2_prime
+from .vmap import loop_under_vmap
 
 __all__ = ["simulate", "jacobian", "bind", "prepare"]
 
@@ -109,6 +110,7 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
     return program, static, inputs, voxel_shape
 
 
+@loop_under_vmap
 def simulate(
     description,
     tissue,
@@ -125,7 +127,8 @@ def simulate(
 
     A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.unrefocused`).
     Event values with a train axis of T (`program.split_trains`) give (T, *voxel_shape, samples): one
-    program per train, stacked first (API.md 1.4)."""
+    program per train, stacked first (API.md 1.4). Under `torch.func.vmap` the batch runs as a loop
+    (`engine.vmap`)."""
     try:
         program, static, inputs, voxel_shape = prepare(
             description, tissue, states=states, repetitions=repetitions, record=record, dtype=dtype, path=path,
@@ -139,6 +142,7 @@ def simulate(
     return apply_t2_prime(program, tissue.t2_prime_ms, signal)[0]
 
 
+@loop_under_vmap
 def jacobian(
     description,
     tissue,

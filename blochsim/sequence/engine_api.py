@@ -3,7 +3,9 @@
 `EpgEngine().simulate(description, tissue)` plays a `SequenceDescription` on a `TissueProperties` and
 returns the raw engine samples (no post-rotation, API.md 1.6) with one label per sample.
 `pack_description` compiles a description once, for callers that hold the structure fixed and call
-`simulate(..., events=packed)` many times.
+`simulate(..., events=packed)` many times. A description whose event values carry a train axis (API.md
+1.4, `engine.program.split_trains`) is packed as one description per train and simulated as one program
+per train, stacked first; the trains share one timeline, hence one set of labels.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from .._arrays import to_tensor
 from .._errors import check_device
 from ..engine.bind import compile_fast, pack_fields, run, unroll, values_of
 from ..engine.bind import needs_complex as _needs_complex
-from ..engine.program import default_states, shifts_per_repetition
+from ..engine.program import default_states, shifts_per_repetition, split_trains
 from ..engine.steady import simulate_steady
+from ..engine.vmap import loop_under_vmap
 from .description import SequenceDescription
 from .tissue import TissueProperties
 
@@ -31,7 +34,8 @@ _RECORD_MODES = ("all", "acquired", "echo")
 class SimulationResult:
     """Samples and one label per sample.
 
-    signal: complex64 `(*voxel_shape, samples)`, the raw engine value `M0 sum F+(0) e^{-i psi}`.
+    signal: complex64 `(*voxel_shape, samples)`, the raw engine value `M0 sum F+(0) e^{-i psi}`;
+        `(trains, *voxel_shape, samples)` for a description with a train axis (the labels are shared).
     time_us: float64 `(samples,)`, the ADC timestamp within its repetition (us).
     event_index: int64 `(samples,)`, the index of the ADC event in `description.events`.
     repetition: int64 `(samples,)`, the playing the sample was recorded in, from 0.
@@ -49,13 +53,17 @@ class SimulationResult:
 
 @dataclass(frozen=True, eq=False)
 class PackedDescription:
-    """A description compiled for the kernels (opaque; give it to `EpgEngine.simulate(events=...)`)."""
+    """A description compiled for the kernels (opaque; give it to `EpgEngine.simulate(events=...)`).
+
+    `trains` holds one packing per train when the description has a train axis (empty otherwise).
+    """
 
     description: SequenceDescription
     repetitions: int | str
     record: str
     states: int | None
     record_every: bool
+    trains: tuple = ()
     _programs: dict = field(default_factory=dict, repr=False)
 
     def program(self, complex_states: bool):
@@ -78,7 +86,8 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
     """Compile `description` once for `EpgEngine.simulate(..., events=...)`.
 
     `record_every=True` records every playing, not only the last (samples `(repetitions x S)`, labelled
-    by `repetition`). `slice_profile` is not supported yet (NotImplementedError).
+    by `repetition`). `slice_profile` is not supported yet (NotImplementedError). A train axis in the
+    event values is split here (`split_trains`, which raises ValueError for malformed per-train values).
     """
     if not isinstance(description, SequenceDescription):
         raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
@@ -93,7 +102,9 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
         raise ValueError("record_every=True records each of a finite number of playings; give repetitions=N")
     if rf_raster_time_s != 1e-6 and rf_raster_time_s != description.rf_raster_time_s:
         description = dataclasses.replace(description, rf_raster_time_s=rf_raster_time_s)
-    return PackedDescription(description, repetitions, record, nstates, bool(record_every))
+    trains = tuple(PackedDescription(part, repetitions, record, nstates, bool(record_every))
+                   for part in split_trains(description) or ())
+    return PackedDescription(description, repetitions, record, nstates, bool(record_every), trains)
 
 
 def _tissue_fields(tissue: TissueProperties) -> dict:
@@ -113,6 +124,7 @@ class EpgEngine:
         """Windings of one repetition: CRUSH_BEFORE, CRUSH_AFTER and SHIFT_AFTER each count once."""
         return shifts_per_repetition(description)
 
+    @loop_under_vmap
     def simulate(self, description: SequenceDescription, tissue: TissueProperties, *, repetitions=1, record="all",
                  nstates=None, across_slice=None, rf_raster_time_s=1e-6, device=None,
                  events: PackedDescription | None = None) -> SimulationResult:
@@ -120,7 +132,9 @@ class EpgEngine:
 
         `repetitions` is an int >= 1 or "auto" (steady state, API.md 3.4); `nstates` the EPG orders
         (None: automatic, API.md 2.1). `events` is a `pack_description` result for this description.
-        Differentiable in reverse mode through every tensor of the description and the tissue.
+        Differentiable in reverse mode through every tensor of the description and the tissue. Event
+        values with a train axis give a signal `(trains, *voxel_shape, samples)`, one program per train.
+        Under `torch.func.vmap` the batch runs as a loop (`engine.vmap`).
         """
         if across_slice is not None:
             raise NotImplementedError(f"across_slice={across_slice!r}: slice-profile integration is not built "
@@ -139,19 +153,26 @@ class EpgEngine:
         if device is not None and torch.device(device) != home:
             fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(v, device=device)
                       for k, v in fields.items()}
-        auto = events.repetitions == "auto"
-        dtype = torch.float64 if auto else torch.float32
+        dtype = torch.float64 if events.repetitions == "auto" else torch.float32
         packed = pack_fields(fields, dtype=dtype, device=None if device is None else torch.device(device))
-        program = events.program(packed.phase_physics if packed is not None else _needs_complex(fields))
-        values = values_of(program)
-        if auto:
-            signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields)
-        elif events.record_every:
-            program, values = unroll(program, values, events.repetitions)
-            signal, _ = run(program, values, packed, fields, dtype=dtype)
-        else:
-            signal, _ = run(program, values, packed, fields, dtype=dtype)
-        return _labelled(signal.to(home), program, events)
+        complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
+        runs = [_play(part, complex_states, packed, fields, dtype) for part in events.trains or (events,)]
+        signal = torch.stack([s for s, _ in runs]) if events.trains else runs[0][0]
+        return _labelled(signal.to(home), runs[0][1], events)
+
+
+def _play(events: PackedDescription, complex_states: bool, packed, fields: dict, dtype) -> tuple:
+    """(signal, program) of one packed train."""
+    program = events.program(complex_states)
+    values = values_of(program)
+    if events.repetitions == "auto":
+        signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields)
+    elif events.record_every:
+        program, values = unroll(program, values, events.repetitions)
+        signal, _ = run(program, values, packed, fields, dtype=dtype)
+    else:
+        signal, _ = run(program, values, packed, fields, dtype=dtype)
+    return signal, program
 
 
 def _labelled(signal, program, events: PackedDescription) -> SimulationResult:

@@ -14,7 +14,7 @@ import torch
 
 from ..sequence.events import as_float
 
-__all__ = ["DEG", "rad", "seconds", "count", "per_shot", "number", "check_order", "ms_default"]
+__all__ = ["DEG", "TRAIN_VALUES", "rad", "seconds", "count", "per_shot", "number", "check_order", "ms_default"]
 
 DEG = math.pi / 180.0
 
@@ -52,18 +52,28 @@ def count(name: str, value: Any, *, minimum: int = 1) -> int:
     return int(value)
 
 
+#: Per-shot protocol values that may carry a leading train axis: they become RF event values, which
+#: take one entry per train (API.md 1.4). Durations set the timeline that the trains share.
+TRAIN_VALUES = ("flip", "phases")
+
+
 def per_shot(name: str, value: Any, shots: int, *, unit: str = "") -> list:
     """`value` as one entry per shot: a scalar repeats, a 1-D array of `shots` entries gives its entries.
 
-    Anything else is a ValueError naming `name`, its shape and the accepted forms.
+    A value named in `TRAIN_VALUES` may also be `(trains, shots)` or `(trains, 1)`: each shot's entry is
+    then a `(trains,)` tensor, its column (the one column repeats), and the engine runs one program per
+    train. Anything else is a ValueError naming `name`, its shape and the accepted forms.
     """
     if isinstance(value, torch.Tensor) and value.dim() > 0:
         if value.dim() == 1 and value.numel() == shots:
             return list(value.unbind())
         if value.numel() == 1:
             return [value.reshape(())] * shots
-        raise ValueError(f"{name} must be a scalar{unit} or hold one value per shot ({shots}), got shape "
-                         f"{tuple(value.shape)}")
+        if name in TRAIN_VALUES and value.dim() == 2 and value.shape[1] in (1, shots):
+            return list(value.unbind(1)) if value.shape[1] == shots else [value[:, 0]] * shots
+        accepted = (f"a scalar{unit}, one value per shot ({shots}), or one row per train (trains, {shots}) or "
+                    "(trains, 1)") if name in TRAIN_VALUES else f"a scalar{unit} or one value per shot ({shots})"
+        raise ValueError(f"{name} must be {accepted}; got shape {tuple(value.shape)}")
     return [value] * shots
 
 

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from .._arrays import first_library, to_library, to_tensor
-from ..sequence.operators import Delay, SampledPulse, Spoil
+from ..sequence.events import trusted_event
+from ..sequence.operators import Delay, Operator, SampledPulse, Spoil
 from ._layout import number, rad, seconds
 from ._waveforms import hyperbolic_secant, sampled_definition, sinc_pulse
 
@@ -125,6 +126,17 @@ class TrainLoop:
         return torch.cat(results, -1)
 
 
+def _scaled(pulse: Operator, scale: torch.Tensor) -> Operator:
+    """`pulse` with every RF amplitude times `scale`: a `(trains,)` scale gives `(trains,)` event values, the
+    train axis of API.md 1.4 (a waveform holds one train)."""
+
+    def emit(start_s):
+        return tuple(trusted_event(e.type, e.timestamp_us, (*e.params[:2], e.params[2] * scale, *e.params[3:]),
+                                   e.action) for e in pulse.emit(start_s))
+
+    return Operator(emit, pulse.duration_s, name=pulse.name)
+
+
 class SampledPulses:
     """Mixin (before `Simulator` in the bases): definition 0 is one dwell-long rectangle (module doc)."""
 
@@ -143,6 +155,10 @@ class SampledPulses:
         windowed sinc played sample by sample (`_waveforms.sinc_pulse`). It occupies `duration_ms`."""
         if duration_ms == 0:
             return self.operators.excitation(flip_rad, phase_rad)
+        if isinstance(flip_rad, torch.Tensor) and flip_rad.dim() == 1:  # one flip per train (`per_shot`)
+            unit = self.excitation_pulse(1.0, phase_rad, duration_ms=duration_ms, bandwidth_time=bandwidth_time,
+                                         dwell_ms=dwell_ms)
+            return _scaled(unit, flip_rad)
         waveform = sinc_pulse(flip_rad, duration_ms=duration_ms, bandwidth_time=bandwidth_time, dwell_ms=dwell_ms)
         return SampledPulse(waveform, dwell_ms * 1e-3, phase_rad=phase_rad)
 

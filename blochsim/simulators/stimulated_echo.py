@@ -7,20 +7,19 @@ import torch
 from ..model import REFOCUSED, Simulator, SpinPhysics
 from ..sequence.operators import Spoil
 from ._function_form import function_form
-from ._layout import check_order, rad, seconds
+from ._layout import check_order, per_shot, rad, seconds
 
 __all__ = ["StimulatedEchoSimulator", "stimulatedecho_sim"]
 
 
 def _three_flips(flip) -> list:
-    if isinstance(flip, torch.Tensor) and flip.dim() > 0:
-        if flip.numel() == 3 and flip.dim() == 1:
-            return list(flip.unbind())
-        if flip.numel() == 1:
-            return [flip.reshape(())] * 3
-        raise ValueError(f"flip must be a scalar (deg, the same for the three pulses) or 3 flips, got shape "
-                         f"{tuple(flip.shape)}")
-    return [flip] * 3
+    """The three flips (`per_shot` over the pulses): a `(trains, 3)` or `(trains, 1)` flip gives `(trains,)`
+    event values, one program per train (API.md 1.4)."""
+    try:
+        return per_shot("flip", flip, 3)
+    except ValueError:
+        raise ValueError(f"flip must be a scalar (deg, the same for the three pulses) or 3 flips, or one row per "
+                         f"train, (trains, 3) or (trains, 1); got shape {tuple(flip.shape)}") from None
 
 
 class StimulatedEchoSimulator(Simulator):
@@ -31,7 +30,8 @@ class StimulatedEchoSimulator(Simulator):
     sampled at `TE`, the transverse magnetization is then spoiled, and the stimulated echo is sampled
     `TE/2` after the third pulse. Tissue: T1, T2 (ms), M0, B1, B0, and every API.md 4.1 name.
 
-    Returns two samples `(..., 2)`, complex64, SE then STE. For hard pulses `a_k = B1 flip_k`,
+    Returns two samples `(..., 2)`, complex64, SE then STE; a `(trains, 3)` or `(trains, 1)` flip gives
+    `(trains, *voxel_shape, 2)`, one train per row (API.md 1.4). For hard pulses `a_k = B1 flip_k`,
     both independent of B0 (Hahn 1950):
 
         SE  = i M0 sin(a1) sin^2(a2 / 2) exp(-TE / T2)
