@@ -82,7 +82,7 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
   S* state_scratch = static_cast<S*>(scratch);
-  if (warp_adjoint(pb, V, !std::is_same<N, S>::value)) {
+  if (warp_adjoint<N, S>(pb, V)) {
     const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
     if (warp_orders_per_lane(pb.K) == 2)
       vjp_warp_kernel<N, S, 2><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch);

@@ -29,21 +29,32 @@ inline int registers_layout(const Problem<R>& pb) {
 // benchmarks/results/mapping): the thread kernels do 32x less per-event work per voxel and win once there
 // are a few thousand voxels on the real path, about 10k on the complex path, 20k with pool tables.
 // BLOCHSIM_CUDA_MAPPING=thread|warp forces one (where the warp kernel applies), so benchmarks can compare.
+// -1: not forced; 0: thread; 1: warp.
+inline int forced_mapping() {
+  const char* forced = std::getenv("BLOCHSIM_CUDA_MAPPING");
+  if (forced && std::strcmp(forced, "thread") == 0) return 0;
+  if (forced && std::strcmp(forced, "warp") == 0) return 1;
+  return -1;
+}
+
 template <class R>
 inline bool warp_mapping(const Problem<R>& pb, int64_t V, bool complex_path) {
   if (pb.K > 64) return false;
-  const char* forced = std::getenv("BLOCHSIM_CUDA_MAPPING");
-  if (forced && std::strcmp(forced, "thread") == 0) return false;
-  if (forced && std::strcmp(forced, "warp") == 0) return true;
+  if (forced_mapping() >= 0) return forced_mapping() == 1;
   return V <= (pb.tabulated ? 20000 : complex_path ? 10000 : 3000);
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
-// Adjoints (VJP, VJP-JVP) of pool model 0 take the warp mapping at the same points; the tabulated
-// adjoints keep a thread per voxel (their table cotangents are per voxel).
-template <class R>
-inline bool warp_adjoint(const Problem<R>& pb, int64_t V, bool complex_path) {
-  return !pb.tabulated && warp_mapping(pb, V, complex_path);
+// Adjoints (VJP, VJP-JVP) of pool model 0 take a warp per voxel too (each lane its own checkpoints); the
+// tabulated adjoints keep a thread per voxel (their table cotangents are per voxel). Measured on the H200
+// (docs/design.md), thread/warp ms: real VJP at 2k, 20k, 100k voxels 31/18, 45/48, 139/187; complex VJP
+// 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139, 1384/595. So warp up to 15,000 voxels for a
+// real float adjoint, at any size for complex or dual ones.
+template <class N, class S, class R>
+inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
+  if (pb.tabulated || pb.K > 64) return false;
+  if (forced_mapping() >= 0) return forced_mapping() == 1;
+  return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }
 
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
@@ -63,7 +74,7 @@ inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_
 
 template <class N, class S, class R>
 inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if (warp_kernels && warp_adjoint(pb, V, !std::is_same<N, S>::value)) {  // a store per lane, of 3 planes x KPL
+  if (warp_kernels && warp_adjoint<N, S>(pb, V)) {  // a store per lane, of 3 planes x KPL
     const int64_t per_lane = store_states(pb) * 3 * warp_orders_per_lane(pb.K);
     return (int64_t(sizeof(S)) * 32 * V * per_lane + 255) / 256 * 256;
   }
