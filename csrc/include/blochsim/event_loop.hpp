@@ -280,8 +280,10 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
   const int64_t total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
   for (int64_t i = 0; i < total; ++i) table_acc[i] = N(0);
   N* acc = table_acc;
+  bool wanted = false;
+  for (int i = 0; i < 5; ++i) wanted = wanted || out.table[i] || out.table_tan[i];
   TableGrad<N> tg{acc, acc + sizes[0], reinterpret_cast<Cx<N>*>(acc + sizes[0] + sizes[1]),
-                  acc + sizes[0] + sizes[1] + sizes[2], acc + sizes[0] + sizes[1] + sizes[2] + sizes[3]};
+                  acc + sizes[0] + sizes[1] + sizes[2], acc + sizes[0] + sizes[1] + sizes[2] + sizes[3], wanted};
   VoxelGrad<N> g;
   vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
   // Times: d/dT = d/d(rate) * d(rate)/dT.

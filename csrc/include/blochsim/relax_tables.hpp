@@ -129,6 +129,7 @@ struct TableGrad {
   Cx<N>* T; // [D, nt, nt]
   N* zeq;   // [nl]
   N* sat;   // [E]
+  bool wanted = false;  // some table's cotangent is asked for; else the L and T outer products are skipped
 };
 
 template <class N, class S, class R>
@@ -174,10 +175,11 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
       if (c.diffusion) q.QZc += qz * N(kk * kk);
       if (c.flow) q.QZf += qz * N(kk);
     }
-    for (int a = 0; a < nl; ++a) {
-      for (int j = 0; j < nl; ++j) gL[a][j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
-      if (k == 0) tg.r[d * nl + a] += re(ly[a]);
-    }
+    if (tg.wanted)
+      for (int a = 0; a < nl; ++a) {
+        for (int j = 0; j < nl; ++j) gL[a][j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
+        if (k == 0) tg.r[d * nl + a] += re(ly[a]);
+      }
     for (int j = 0; j < nl; ++j) {
       S acc = S(0);
       for (int a = 0; a < nl; ++a) acc += ly[a] * tb.L[a][j];
@@ -206,10 +208,11 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
         q.QMf += qm * N(RR(0.5) - kk);
       }
     }
-    for (int p = 0; p < nt; ++p)
-      for (int j = 0; j < nt; ++j)
-        gT[p][j] +=
-            conj(as_cx(x.fp(j)[k])) * as_cx(lyp[p]) + conj(as_cx(lym[p])) * as_cx(x.fm(j)[k]);
+    if (tg.wanted)
+      for (int p = 0; p < nt; ++p)
+        for (int j = 0; j < nt; ++j)
+          gT[p][j] +=
+              conj(as_cx(x.fp(j)[k])) * as_cx(lyp[p]) + conj(as_cx(lym[p])) * as_cx(x.fm(j)[k]);
     for (int j = 0; j < nt; ++j) {
       S accp = S(0), accm = S(0);
       for (int p = 0; p < nt; ++p) {
@@ -220,10 +223,12 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
       l.fm(j)[k] = accm;
     }
   }
-  for (int a = 0; a < nl; ++a)
-    for (int j = 0; j < nl; ++j) tg.L[(d * nl + a) * nl + j] += gL[a][j];
-  for (int p = 0; p < nt; ++p)
-    for (int j = 0; j < nt; ++j) tg.T[(d * nt + p) * nt + j] += gT[p][j];
+  if (tg.wanted) {
+    for (int a = 0; a < nl; ++a)
+      for (int j = 0; j < nl; ++j) tg.L[(d * nl + a) * nl + j] += gL[a][j];
+    for (int p = 0; p < nt; ++p)
+      for (int j = 0; j < nt; ++j) tg.T[(d * nt + p) * nt + j] += gT[p][j];
+  }
   interval_grads(c, t, q, g, g_dt);
 }
 
