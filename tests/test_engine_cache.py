@@ -140,3 +140,23 @@ def test_pool_tables_are_kept_for_the_same_tissue_and_rebuilt_when_it_changes():
         out = engine.simulate(d, TissueProperties(**{**dict(tissue.items()), "pool_b_fraction": f}), states=16)
         (g,) = torch.autograd.grad((out.abs() ** 2).sum(), f)
         assert (g != 0).all()
+
+
+def test_engine_calls_follow_in_place_changes_of_kept_tissue():
+    d = mrf_description(FLIPS, 0.01)
+    for extra in ({}, dict(pool_b_fraction=0.1, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0)):
+        t1 = torch.tensor([800.0, 1200.0])
+        tissue = TissueProperties(t1_ms=t1, t2_ms=TISSUE.t2_ms, **extra)
+        first = engine.simulate(d, tissue, states=16)
+        assert torch.equal(engine.simulate(d, tissue, states=16), first)
+        t1[1] = 300.0  # in place: packing and tables are made again
+        fresh = engine.simulate(d, TissueProperties(t1_ms=t1.clone(), t2_ms=TISSUE.t2_ms, **extra), states=16)
+        changed = engine.simulate(d, tissue, states=16)
+        assert torch.equal(changed, fresh) and not torch.equal(changed[1], first[1])
+        t1[0] = math.nan
+        try:
+            engine.simulate(d, tissue, states=16)
+        except ValueError as error:
+            assert "t1" in str(error).lower()
+        else:
+            raise AssertionError("a NaN T1 written in place was not caught")

@@ -9,6 +9,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
+from .._arrays import LastResult
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
 from .pools import interval_rows, pool_model, pool_tables
@@ -33,16 +34,7 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
     extra = {}
     tables = (None,) * len(nat.TABLES)
     if model.pooled:
-        interval_events = (program.action & nat.INTERVAL) != 0
-        lengths, rows, wrap = interval_rows(program.dt_s, program.dt_wrap_s, interval_events,
-                                            program.num_repetitions)
-        L, r, T, zeq, sat = pool_tables(tissue, model, packed.voxel_shape, lengths, program.sat_per_rad2,
-                                        program.rf_hz, lineshape)
-        complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
-        tables = tuple(None if t is None else t.to(device=device, dtype=complex_dtype if t.is_complex() else dtype)
-                       for t in (L, r, T, zeq, sat))
-        extra = dict(num_transverse_pools=model.num_transverse, num_longitudinal_pools=model.num_longitudinal,
-                     interval=rows.to(device), wrap_interval=wrap, num_intervals=int(lengths.numel()))
+        tables, extra = _pool_inputs(program, tissue, model, packed.voxel_shape, dtype, device, lineshape)
     static = K.Static(
         action=action,
         record=record,
@@ -59,6 +51,32 @@ def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int
         **extra,
     )
     return static, values + packed.values + tables, packed.voxel_shape
+
+
+_LAST_POOL_INPUTS = LastResult()
+
+
+def _pool_inputs(program: Program, tissue, model, voxel_shape, dtype, device, lineshape) -> tuple:
+    """The pool tables on `device` in `dtype` and their kernel settings. Kept while the program's intervals
+    (a kept program's own tensors), its actions and the tissue tensors are the same and unmodified: a
+    repeated call does no table work and no host-to-device copy."""
+    settings = (program.action.tobytes(), program.num_repetitions, program.sat_per_rad2.tobytes(),
+                program.rf_hz.tobytes(), model.letters, model.semisolid, tuple(voxel_shape), dtype, device, lineshape)
+    kept, key = _LAST_POOL_INPUTS.lookup(
+        settings, [("dt_s", program.dt_s), ("dt_wrap_s", program.dt_wrap_s), *tissue.items()])
+    if kept is not None:
+        return kept
+    interval_events = (program.action & nat.INTERVAL) != 0
+    lengths, rows, wrap = interval_rows(program.dt_s, program.dt_wrap_s, interval_events, program.num_repetitions)
+    L, r, T, zeq, sat = pool_tables(tissue, model, voxel_shape, lengths, program.sat_per_rad2, program.rf_hz,
+                                    lineshape)
+    complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
+    tables = tuple(None if t is None else t.to(device=device, dtype=complex_dtype if t.is_complex() else dtype)
+                   for t in (L, r, T, zeq, sat))
+    extra = dict(num_transverse_pools=model.num_transverse, num_longitudinal_pools=model.num_longitudinal,
+                 interval=rows.to(device), wrap_interval=wrap, num_intervals=int(lengths.numel()))
+    _LAST_POOL_INPUTS.keep(key, (tables, extra))
+    return tables, extra
 
 
 def _program_values(program: Program, device, dtype):

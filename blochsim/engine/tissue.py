@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _native as nat
-from .._arrays import broadcast_shapes
+from .._arrays import LastResult, broadcast_shapes
 from ..sequence.tissue import IDENTITY, TissueProperties
 from .program import differentiated
 
@@ -84,8 +84,20 @@ def pack_tissue(
     """Pack the free-water properties of `tissue` for the kernels (pool model 0).
 
     Fields named in `active` are sent even at their identity value (a Jacobian needs them). T2'
-    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`).
+    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`). The
+    last packing is kept while its tensors are the same and unmodified (`LastResult`): its checks sync.
     """
+    kept, key = _LAST_PACKING.lookup((dtype, device, tuple(active)), tissue.items())
+    if kept is None:
+        kept = _pack_tissue(tissue, dtype, device, active)
+        _LAST_PACKING.keep(key, kept)
+    return kept
+
+
+_LAST_PACKING = LastResult()
+
+
+def _pack_tissue(tissue: TissueProperties, dtype, device, active) -> PackedTissue:
     check_tissue(tissue)
     raw = {}
     for name in nat.TISSUE_PARAMS:
