@@ -156,8 +156,12 @@ def check_wheel(path: Path, args, cuobjdump: str | None) -> tuple[str, str, list
         module, runtime_req, _, cudart, rpath = CUDA[name]
         want = {f"{module}/__init__.py", f"{module}/_version.py", f"{module}/libblochsim_cuda.so"}
         check(names == want, f"exactly {sorted(want)}")
-        generated = (site / module / "_version.py").read_text()
-        check(f'__version__ = "{version}"' in generated, f"{module}.__version__ == {version}")
+        # Imported, not read: a template that writes a literal backslash-n passes a text search and fails
+        # the import (the cause of a broken 0.1.0 build).
+        imported = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"],
+                                  cwd=site, capture_output=True, text=True)
+        check(imported.returncode == 0 and imported.stdout.strip() == version,
+              f"import {module}: __version__ == {version} ({(imported.stdout + imported.stderr).strip()[-200:]})")
         rt = runtime_wheel(name, args.runtime_wheels)
         with zipfile.ZipFile(rt) as z:
             z.extractall(site)
