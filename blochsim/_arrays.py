@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 __all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes",
-           "differentiated", "LastResult"]
+           "differentiated", "transformed", "LastResult"]
 
 
 def library_of(value) -> str | None:
@@ -132,6 +132,12 @@ def differentiated(x) -> bool:
     return isinstance(x, torch.Tensor) and (x.requires_grad or fwAD.unpack_dual(x).tangent is not None)
 
 
+def transformed() -> bool:
+    """Whether a forward-mode AD level or a torch.func transform is active (tensors may carry tangents or
+    batch dimensions that `requires_grad` does not show)."""
+    return fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+
+
 class LastResult:
     """The result of the last call made with some values, kept while its tensors are alive and unmodified.
 
@@ -148,7 +154,7 @@ class LastResult:
         self.key, self.refs, self.value = None, [], None
 
     def lookup(self, settings: tuple, parts) -> tuple:
-        if fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None:
+        if transformed():
             return None, None
         key, tensors = list(settings), []
         for name, value in parts:

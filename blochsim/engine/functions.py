@@ -15,8 +15,8 @@ batch (`engine.vmap`; `_NoThirdOrder` only clones, so torch.func generates its r
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as fwAD
 
+from .._arrays import transformed
 from . import kernels as K
 from .vmap import holds_batch, vmap_rule
 
@@ -68,8 +68,7 @@ def _as_tangent(t, like):
 def run_forward(static, inputs) -> torch.Tensor:
     """`EpgSimulate.apply(static, *inputs)`, or the kernel directly when nothing can carry a derivative:
     `Function.apply` costs tens of microseconds per call (it binds its signature every time)."""
-    if (fwAD._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
-            or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs))):
+    if transformed() or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
         return EpgSimulate.apply(static, *inputs)
     return K.forward(static, inputs)
 
