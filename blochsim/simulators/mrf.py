@@ -10,6 +10,7 @@ from ..model import UNBALANCED, Simulator, SpinPhysics
 from ..sequence.builders import mrf_description
 from ..sequence.rf import ideal_rf_definition
 from ._function_form import function_form
+from ._layout import rad, seconds
 from ._trains import TrainLoop, train_count, train_rows
 
 __all__ = ["MRFSimulator", "mrf_sim"]
@@ -92,21 +93,19 @@ class MRFSimulator(TrainLoop, Simulator):
         flip, tr, ti, phases = args["flip"], args["TR"], args.get("TI", 0.0), args.get("phases", 0.0)
         try:
             return mrf_description(
-                torch.deg2rad(flip) if isinstance(flip, torch.Tensor) else flip * torch.pi / 180, tr * 1e-3,
-                inversion_time_s=ti * 1e-3,
-                phases_rad=torch.deg2rad(phases) if isinstance(phases, torch.Tensor) else phases * torch.pi / 180,
+                rad(flip), seconds(tr),
+                inversion_time_s=seconds(ti),
+                phases_rad=rad(phases),
                 crusher_dephasing_rad=self._crusher_dephasing_rad, voxel_size_m=self._voxel_size_m)
         except (TypeError, ValueError):  # the layout names the simulator's own arguments in its errors
             return super()._compose(args, settings)
 
     def layout(self, *, flip, TR, TI=0.0, phases=0.0):
         train_count({"flip": flip, "phases": phases}, _TRAIN_DIMS)  # names the arguments when trains disagree
-        flips = _per_tr("flip", torch.deg2rad(flip) if isinstance(flip, torch.Tensor) else flip * torch.pi / 180,
-                        None)
-        trs = _per_tr("TR", TR * 1e-3, len(flips))
-        rf = _per_tr("phases", torch.deg2rad(phases) if isinstance(phases, torch.Tensor) else phases * torch.pi / 180,
-                     len(flips))
-        ops = [self.operators.inversion(), self.operators.delay(TI * 1e-3)]
+        flips = _per_tr("flip", rad(flip), None)
+        trs = _per_tr("TR", seconds(TR), len(flips))
+        rf = _per_tr("phases", rad(phases), len(flips))
+        ops = [self.operators.inversion(), self.operators.delay(seconds(TI))]
         for a, tr, p in zip(flips, trs, rf, strict=True):
             ops.append(self.operators.excitation(a, p) @ self.operators.readout(p, duration_s=tr))
         return ops
