@@ -91,13 +91,13 @@ struct LocalShiftAdjoint {
 
 template <class N, class S, class R, class Shift = LocalShift>
 BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        const SampleIO<N>* io, const Shift& shift = Shift()) {
+                        const SampleIO<N>* io, const Shift& shift = Shift(), const State<S>* keep = nullptr) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = x.K;  // orders held here: pb.K, or a lane's share
   if (ev.action & BS_INTERVAL) {
     const Interval<N> iv = make_interval(pb, t, ev.dt, pb.offres);
     if (pb.tabulated)
-      relax_tables(pb, v, interval_row(pb, ev), iv, x);
+      relax_tables(pb, v, interval_row(pb, ev), iv, x, keep);
     else
       relax(x.water(0), K, iv, x.k0);
   }
@@ -125,22 +125,24 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
 }
 
-// Adjoint of one event. x_pre: state before the event; tmp: scratch; l: lambda, updated in place.
+// Adjoint of one event. x_pre: state before the event; kept: the tables' products of its interval (tabulated
+// layouts: step_forward's `keep`); tmp: scratch; l: lambda, updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
 template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
-                        State<S> x_pre, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
+                        State<S> x_pre, State<S> kept, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
                         const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
                         const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = l.K;
-  // Recompute the state ahead of the RF / ADC.
-  copy_state(tmp, x_pre);
+  // Recompute the state ahead of the RF / ADC (tabulated: from the kept products, no table products).
   Interval<N> iv;
+  const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
+  if (!from_products) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
     iv = make_interval(pb, t, ev.dt, pb.offres);
     if (pb.tabulated)
-      relax_tables(pb, v, interval_row(pb, ev), iv, tmp);
+      relax_from_products(pb, v, iv, kept, tmp);
     else
       relax(tmp.water(0), K, iv, tmp.k0);
   }
@@ -184,7 +186,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   if (ev.action & BS_INTERVAL) {
     N g_dt = N(0);
     if (pb.tabulated)
-      relax_tables_adjoint(pb, v, interval_row(pb, ev), iv, t, l, x_pre, tg, g, &g_dt);
+      relax_tables_adjoint(pb, v, interval_row(pb, ev), iv, t, l, x_pre, kept, tg, g, &g_dt);
     else
       relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, &g_dt, l.k0);
     eg.add(ev.wrap ? kGradDtWrap : kGradDt, ev.e, g_dt);
@@ -198,10 +200,12 @@ template <class R>
 BS_HD int64_t state_size(const Problem<R>& pb) {
   return (2 * pb.nt + pb.nl) * pb.K;
 }
+// The store: the replayed stretch's states (stride), with the tabulated layouts the tables' products of
+// each replayed interval (stride more), then the checkpoints.
 template <class R>
 BS_HD int64_t store_states(const Problem<R>& pb) {
   const int64_t n = pb.E * pb.reps;
-  return pb.stride + (n + pb.stride - 1) / pb.stride;
+  return (pb.tabulated ? 2 : 1) * pb.stride + (n + pb.stride - 1) / pb.stride;
 }
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
@@ -225,8 +229,10 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
                      const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), int64_t k0 = 0) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride;
   State<S> x = state_at(pb, work, 0, k0), tmp = state_at(pb, work, 1, k0), l = state_at(pb, work, 2, k0);
+  const int64_t replayed = (pb.tabulated ? 2 : 1) * stride;
   auto replay = [&](int64_t j) { return state_at(pb, store, j, k0); };
-  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c, k0); };
+  auto kept = [&](int64_t j) { return state_at(pb, store, stride + j, k0); };  // tabulated layouts only
+  auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
   equilibrium_state<S, N>(pb, v, x);
   for (int64_t i = 0; i < n; ++i) {
     if (i % stride == 0) copy_state(checkpoint(i / stride), x);
@@ -238,11 +244,16 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     copy_state(x, checkpoint(c));
     for (int64_t i = i0; i < i1; ++i) {
       copy_state(replay(i - i0), x);
+      const EventValues<N> ev = load_event<N>(pb, i);
+      const State<S> keep = kept(i - i0);
       if (i + 1 < i1)
-        step_forward(pb, v, t, load_event<N>(pb, i), x, static_cast<const SampleIO<N>*>(nullptr), shift);
+        step_forward(pb, v, t, ev, x, static_cast<const SampleIO<N>*>(nullptr), shift, pb.tabulated ? &keep : nullptr);
+      else if (pb.tabulated && (ev.action & BS_INTERVAL))
+        keep_table_products<N>(pb, v, interval_row(pb, ev), x, keep);
     }
     for (int64_t i = i1 - 1; i >= i0; --i)
-      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), tmp, l, io, g, eg, tg, shift, shift_adjoint);
+      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
+                   shift_adjoint);
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
   if (pb.tabulated && k0 == 0)

@@ -86,38 +86,107 @@ BS_HD void load_tables(const Problem<R>& pb, int64_t v, int64_t d, Tables<N>& tb
     }
 }
 
-template <class N, class S, class R>
-BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c, State<S> x) {
+// The tables' products at order k of x: y = L Z (+ r at order 0), yp = T F+, ym = conj(T) F-.
+template <class N, class S>
+BS_HD void order_products(const Tables<N>& tb, State<S> x, int64_t k, bool order0, S* y, S* yp, S* ym) {
+  for (int q = 0; q < x.nl; ++q) {
+    S acc = S(0);
+    for (int j = 0; j < x.nl; ++j) acc += x.z(j)[k] * tb.L[q][j];
+    y[q] = order0 ? acc + S(tb.r[q]) : acc;
+  }
+  for (int p = 0; p < x.nt; ++p) {
+    S accp = S(0), accm = S(0);
+    for (int j = 0; j < x.nt; ++j) {
+      accp += cmul(tb.T[p][j], x.fp(j)[k]);
+      accm += cmul_conj(tb.T[p][j], x.fm(j)[k]);
+    }
+    yp[p] = accp;
+    ym[p] = accm;
+  }
+}
+
+// The interval's order factors and washout on the products of order k (order_products), into x.
+// Without diffusion, flow and washout the tables are the whole interval: the factors are 1.
+template <class N>
+BS_HD bool tables_only(const Interval<N>& c) {
+  return !c.diffusion && !c.flow && !c.washout;
+}
+
+template <class N, class S>
+BS_HD void apply_order_factors(const Interval<N>& c, const N* zeq, State<S> x, int64_t k, const S* y, const S* yp,
+                               const S* ym) {
   using RR = typename Num<N>::Real;
-  const int nt = x.nt, nl = x.nl;
+  if (tables_only(c)) {
+    for (int q = 0; q < x.nl; ++q) x.z(q)[k] = y[q];
+    for (int p = 0; p < x.nt; ++p) {
+      x.fp(p)[k] = yp[p];
+      x.fm(p)[k] = ym[p];
+    }
+    return;
+  }
+  Cx<N> ap, am, az;
+  order_factors(c, k + x.k0, ap, am, az);
+  for (int q = 0; q < x.nl; ++q)
+    x.z(q)[k] = k + x.k0 == 0 ? y[q] * c.w + S(zeq[q] * (RR(1) - c.w)) : cmul(az * c.w, y[q]);
+  for (int p = 0; p < x.nt; ++p) {
+    x.fp(p)[k] = cmul(ap * c.w, yp[p]);
+    x.fm(p)[k] = cmul(am * c.w, ym[p]);
+  }
+}
+
+// The interval of row d on x. With `keep`, the tables' products of every order are kept there too (the
+// adjoint's replay: step_adjoint then neither multiplies by the tables again nor recomputes them).
+template <class N, class S, class R>
+BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c, State<S> x,
+                        const State<S>* keep = nullptr) {
   Tables<N> tb;
   load_tables(pb, v, d, tb);
   BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
-    Cx<N> ap, am, az;
-    order_factors(c, k + x.k0, ap, am, az);
-    S y[kMaxPools];
-    for (int q = 0; q < nl; ++q) {
-      S acc = S(0);
-      for (int j = 0; j < nl; ++j) acc += x.z(j)[k] * tb.L[q][j];
-      y[q] = k + x.k0 == 0 ? acc + S(tb.r[q]) : acc;
-    }
-    for (int q = 0; q < nl; ++q)
-      x.z(q)[k] = k + x.k0 == 0 ? y[q] * c.w + S(tb.zeq[q] * (RR(1) - c.w)) : cmul(az * c.w, y[q]);
-    S yp[kMaxPools], ym[kMaxPools];
-    for (int p = 0; p < nt; ++p) {
-      S accp = S(0), accm = S(0);
-      for (int j = 0; j < nt; ++j) {
-        accp += cmul(tb.T[p][j], x.fp(j)[k]);
-        accm += cmul_conj(tb.T[p][j], x.fm(j)[k]);
+    S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
+    order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
+    if (keep) {
+      for (int q = 0; q < x.nl; ++q) keep->z(q)[k] = y[q];
+      for (int p = 0; p < x.nt; ++p) {
+        keep->fp(p)[k] = yp[p];
+        keep->fm(p)[k] = ym[p];
       }
-      yp[p] = accp;
-      ym[p] = accm;
     }
-    for (int p = 0; p < nt; ++p) {
-      x.fp(p)[k] = cmul(ap * c.w, yp[p]);
-      x.fm(p)[k] = cmul(am * c.w, ym[p]);
+    apply_order_factors(c, tb.zeq, x, k, y, yp, ym);
+  }
+}
+
+// The products alone (the last event of a replayed stretch, whose state after the event is not needed).
+template <class N, class S, class R>
+BS_HD void keep_table_products(const Problem<R>& pb, int64_t v, int64_t d, State<S> x, State<S> keep) {
+  Tables<N> tb;
+  load_tables(pb, v, d, tb);
+  BS_UNROLL
+  for (int64_t k = 0; k < x.K; ++k) {
+    S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
+    order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
+    for (int q = 0; q < x.nl; ++q) keep.z(q)[k] = y[q];
+    for (int p = 0; p < x.nt; ++p) {
+      keep.fp(p)[k] = yp[p];
+      keep.fm(p)[k] = ym[p];
     }
+  }
+}
+
+// The state after the interval from the kept products: the factors alone, no table products.
+template <class N, class S, class R>
+BS_HD void relax_from_products(const Problem<R>& pb, int64_t v, const Interval<N>& c, State<S> kept, State<S> x) {
+  N zeq[kMaxPools];
+  for (int q = 0; q < x.nl; ++q) zeq[q] = fetch_table<N>(pb.table_zeq, v, q);
+  BS_UNROLL
+  for (int64_t k = 0; k < x.K; ++k) {
+    S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
+    for (int q = 0; q < x.nl; ++q) y[q] = kept.z(q)[k];
+    for (int p = 0; p < x.nt; ++p) {
+      yp[p] = kept.fp(p)[k];
+      ym[p] = kept.fm(p)[k];
+    }
+    apply_order_factors(c, zeq, x, k, y, yp, ym);
   }
 }
 
@@ -134,13 +203,14 @@ struct TableGrad {
 
 template <class N, class S, class R>
 BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c,
-                                const Voxel<N>& t, State<S> l, State<S> x, TableGrad<N> tg, VoxelGrad<N>& g,
-                                N* g_dt) {
+                                const Voxel<N>& t, State<S> l, State<S> x, State<S> kept, TableGrad<N> tg,
+                                VoxelGrad<N>& g, N* g_dt) {
   using RR = typename Num<N>::Real;
   const int nt = x.nt, nl = x.nl;
   Tables<N> tb;
   load_tables(pb, v, d, tb);
   IntervalSums<N> q;
+  const bool plain = tables_only(c);  // factors of 1, and no interval gradient left for the kernel
   // Table cotangents of this interval, summed over orders here and added to tg once.
   N gL[kMaxPools][kMaxPools];
   Cx<N> gT[kMaxPools][kMaxPools];
@@ -151,25 +221,25 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
   BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     Cx<N> ap, am, az;
-    order_factors(c, k, ap, am, az);
-    const RR kk = RR(k);
+    if (!plain) order_factors(c, k + x.k0, ap, am, az);
+    const RR kk = RR(k + x.k0);
+    const bool order0 = k + x.k0 == 0;
     // Longitudinal pools.
-    S y[kMaxPools], ly[kMaxPools];
+    S ly[kMaxPools];
     for (int a = 0; a < nl; ++a) {
-      S acc = S(0);
-      for (int j = 0; j < nl; ++j) acc += x.z(j)[k] * tb.L[a][j];
-      y[a] = k == 0 ? acc + S(tb.r[a]) : acc;
-    }
-    for (int a = 0; a < nl; ++a) {
-      const S lz = l.z(a)[k];
+      if (plain) {
+        ly[a] = l.z(a)[k];
+        continue;
+      }
+      const S lz = l.z(a)[k], y = kept.z(a)[k];
       Cx<N> qz;
-      if (k == 0) {  // Z_0' = w (L Z_0 + r) + (1 - w) zeq
+      if (order0) {  // Z_0' = w (L Z_0 + r) + (1 - w) zeq
         ly[a] = lz * c.w;
         tg.zeq[a] += re(lz) * (RR(1) - c.w);
-        qz = conj(as_cx(lz)) * as_cx(S(y[a] - S(tb.zeq[a])));
+        qz = conj(as_cx(lz)) * as_cx(S(y - S(tb.zeq[a])));
       } else {
         ly[a] = factor_adjoint(lz, az * c.w);
-        qz = conj(as_cx(lz)) * (az * as_cx(y[a]));
+        qz = conj(as_cx(lz)) * (az * as_cx(y));
       }
       q.QZ += qz;
       if (c.diffusion) q.QZc += qz * N(kk * kk);
@@ -178,7 +248,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
     if (tg.wanted)
       for (int a = 0; a < nl; ++a) {
         for (int j = 0; j < nl; ++j) gL[a][j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
-        if (k == 0) tg.r[d * nl + a] += re(ly[a]);
+        if (order0) tg.r[d * nl + a] += re(ly[a]);
       }
     for (int j = 0; j < nl; ++j) {
       S acc = S(0);
@@ -188,11 +258,12 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
     // Transverse pools: F+ -> T F+, F- -> conj(T) F-.
     S lyp[kMaxPools], lym[kMaxPools];
     for (int p = 0; p < nt; ++p) {
-      S yp = S(0), ym = S(0);
-      for (int j = 0; j < nt; ++j) {
-        yp += cmul(tb.T[p][j], x.fp(j)[k]);
-        ym += cmul_conj(tb.T[p][j], x.fm(j)[k]);
+      if (plain) {
+        lyp[p] = l.fp(p)[k];
+        lym[p] = l.fm(p)[k];
+        continue;
       }
+      const S yp = kept.fp(p)[k], ym = kept.fm(p)[k];
       lyp[p] = factor_adjoint(l.fp(p)[k], ap * c.w);
       lym[p] = factor_adjoint(l.fm(p)[k], am * c.w);
       const Cx<N> qp = conj(as_cx(l.fp(p)[k])) * (ap * as_cx(yp));
@@ -229,7 +300,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
     for (int p = 0; p < nt; ++p)
       for (int j = 0; j < nt; ++j) tg.T[(d * nt + p) * nt + j] += gT[p][j];
   }
-  interval_grads(c, t, q, g, g_dt);
+  if (!plain) interval_grads(c, t, q, g, g_dt);
 }
 
 // RF saturation of the semisolid pools: Z_s -> exp(alpha^2 sat) Z_s on every order.
