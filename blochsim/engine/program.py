@@ -6,6 +6,11 @@ so autograd carries gradients from the kernels back to whatever tensors the desc
 
 Event semantics are those of API.md section 3.3 and `blochsim._reference`. WAIT events with no action
 only mark time, so they are dropped; their time goes into the next event's interval.
+
+The compiler reads the events as columns (`sequence.columns`): a builder's, laid out with vector ops, or
+one walk over the events. What the structure alone decides (`_layout`) is kept for the last structure
+seen, so a loop that rebuilds one train with new values (a gradient step over its flips) compiles it
+with a few vector ops on the values.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import numpy as np
 import torch
 
 from .. import _native as nat
-from .._arrays import differentiated
-from ..sequence.events import AdcRole, EventAction, EventType, RfUse, trusted_event
+from .._arrays import differentiated, transformed
+from ..sequence.columns import COLUMNS_KEY, columns_of
+from ..sequence.events import AdcRole, EventAction, EventType, trusted_event
 
 __all__ = ["Program", "TrainAxisError", "compile_program", "default_states", "shifts_per_repetition",
            "split_trains"]
@@ -98,28 +104,7 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 
 _WINDING = nat.CRUSH_BEFORE | nat.CRUSH_AFTER | nat.SHIFT_AFTER
-_RF, _ADC = EventType.RF, EventType.ADC
-
-
-def _f64(value) -> torch.Tensor:
-    if value.dim() == 0:
-        return value if value.dtype == torch.float64 else value.to(torch.float64)
-    if value.numel() != 1:
-        raise _PerTrain  # compile_program hands the description to split_trains
-    return value.to(torch.float64).reshape(())
-
-
-def _vector(items: list) -> torch.Tensor:
-    """Numbers and 0-d tensors as one float64 vector, keeping autograd links (one stack, not one op each)."""
-    where = [i for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
-    if not where:
-        return torch.tensor(items, dtype=torch.float64)
-    if len(where) == len(items):
-        return torch.stack([_f64(v) for v in items])
-    base = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in items], dtype=torch.float64)
-    return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
-
-
+_RF, _ADC = int(EventType.RF), int(EventType.ADC)  # ints: NumPy compares them ~5x faster than enums
 _CACHE = "_blochsim_programs"
 
 
@@ -198,8 +183,8 @@ def _train(description, found: dict, k: int):
         event = events[i]
         events[i] = trusted_event(event.type, event.timestamp_us, tuple(params), event.action)
     part = copy.copy(description)
-    part.__dict__.pop(_CACHE, None)
-    part.__dict__.pop(_TRAINS, None)
+    for memo in (_CACHE, _TRAINS, COLUMNS_KEY):  # they describe the whole description's events
+        part.__dict__.pop(memo, None)
     object.__setattr__(part, "events", tuple(events))
     return part
 
@@ -210,8 +195,9 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
 
     `complex_states=True` forces the complex path (the caller sets it when tissue asks for phase physics:
     B0, B1phase, v or pool shifts). Otherwise the real path is taken when every rotating pulse shares one
-    phase axis modulo half turns and no RF phase is differentiated. Per-event work is gathered into lists
-    and turned into tensors with one vector op per array; each RF definition is read once.
+    phase axis modulo half turns and no RF phase is differentiated. The events are read as columns
+    (`sequence.columns`: those the description's builder laid out, else one walk over its events), then
+    compiled with a few vector ops per array; each RF definition is read once.
 
     A description is immutable, so a program whose values carry no derivative is kept on it (per set of
     arguments) and later calls reuse it, with its values already on the device they ran on. Its numbers
@@ -248,80 +234,132 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     return program
 
 
-def _compile(description, repetitions, record, states, complex_states) -> Program:
-    raster = description.rf_raster_time_s
-    constants = {}  # definition id -> (2 pi |I|, arg I, S)
-    times, actions, records, amplitudes, scales, phases, extras, sats, freqs, samples = ([] for _ in range(10))
-    phase_grad = False
-    keep_all, keep_echo = record == "all", record == "echo"
-    for index, event in enumerate(description.events):
-        kind, raw = event.type, int(event.action)
-        bits = raw & (_WINDING | nat.SPOIL_AFTER)
-        slot, amplitude, scale, phase, extra, sat, freq = -1, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0
-        if kind is _RF:
-            params = event.params
-            if params[1] is RfUse.INVERSION:
-                bits |= nat.INVERSION
-            else:
-                bits |= nat.ROTATE
-                if params[0] not in constants:
-                    definition = description.rf_definitions[params[0]]
-                    area = definition.integral(rf_raster_time_s=raster)
-                    constants[params[0]] = (2 * math.pi * abs(area), cmath.phase(area),
-                                            float(definition.saturation(rf_raster_time_s=raster)))
-                scale, extra, sat = constants[params[0]]
-                amplitude, phase, freq = params[2], params[3], params[4]
-                phase_grad = phase_grad or differentiated(phase)
-        elif kind is _ADC:
-            params = event.params
-            phase = params[1]
-            if keep_all or (params[2] if keep_echo else params[0] != AdcRole.NON_ACQUIRED):
-                slot = len(samples)
-                samples.append(index)
-                bits |= nat.RECORD
-        elif bits == 0:
-            continue  # a WAIT without action only marks time
-        times.append(event.timestamp_us)
-        actions.append(bits)
-        records.append(slot)
-        amplitudes.append(amplitude)
-        scales.append(scale)
-        phases.append(phase)
-        extras.append(extra)
-        sats.append(sat)
-        freqs.append(freq)
-    if not actions:  # nothing happens: keep one inert event so the program is well formed
-        times, actions, records, amplitudes, scales, phases, extras, sats, freqs = (
-            [0.0], [0], [-1], [0.0], [1.0], [0.0], [0.0], [0.0], [0.0])
+def _host(t: torch.Tensor) -> np.ndarray:
+    """The values of a CPU tensor as a NumPy array (through a list under forward-mode AD or torch.func, whose
+    tensors have no storage to share)."""
+    t = t.detach()
+    return np.asarray(t.tolist()) if transformed() else t.numpy()
 
-    t_us = _vector(times)
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the structure of a description's events decides for one record mode: which events the program
+    plays and, per played event, its action bits (INTERVAL aside: that depends on the times), sample slot,
+    definition constants and frequency offset."""
+
+    kept: np.ndarray  # [N] bool: the events played (a WAIT without action only marks time)
+    take: torch.Tensor | None  # [E] int64 indices of the played events; None when every event is played
+    action: np.ndarray  # [E] int32 bs_action bits
+    record: np.ndarray  # [E] int32 sample slot or -1
+    samples: list  # [S] description index of each sample
+    scale: np.ndarray  # [E] 2 pi |I| of a rotating pulse's definition, 1 elsewhere
+    extra: np.ndarray  # [E] arg I of a rotating pulse's definition, rad; 0 elsewhere
+    sat: np.ndarray  # [E] saturation constant S of a rotating pulse's definition; 0 elsewhere
+    rf_hz: np.ndarray  # [E] frequency offset of a rotating pulse, Hz; 0 elsewhere
+
+
+#: The columns that are structure (`_layout` reads nothing else of them).
+_STRUCTURE = ("kind", "action", "inversion", "definition_id", "adc_role", "is_echo", "frequency_hz")
+#: (key, definitions, layout) of the last layout made: a train rebuilt on every call with new values (a
+#: gradient step over flips) has its structure read once. The key holds the structure columns byte by byte
+#: and the identities of the definitions, which the tuple keeps alive so an identity is never reused.
+_LAST_LAYOUT: tuple = (None, None, None)
+
+
+def _layout(columns, description, record: str) -> _Layout:
+    """The layout of `columns` (the events of `description`) for `record`, kept for the last structure seen."""
+    global _LAST_LAYOUT
+    definitions = description.rf_definitions
+    structure = (getattr(columns, name) for name in _STRUCTURE)
+    key = (record, description.rf_raster_time_s, tuple((k, id(v)) for k, v in definitions.items()),
+           tuple((a.dtype.str, a.tobytes()) for a in structure))
+    last = _LAST_LAYOUT  # one read: another thread may replace it
+    if last[0] == key:
+        return last[2]
+    kind, inversion = columns.kind, columns.inversion
+    rf, adc = kind == _RF, kind == _ADC
+    rotating = rf & ~inversion
+    if record == "all":
+        recorded = adc
+    elif record == "echo":
+        recorded = adc & columns.is_echo
+    else:
+        recorded = adc & (columns.adc_role != AdcRole.NON_ACQUIRED)
+    bits = (columns.action & (_WINDING | nat.SPOIL_AFTER)).astype(np.int32)
+    bits[rotating] |= nat.ROTATE
+    bits[rf & inversion] |= nat.INVERSION
+    bits[recorded] |= nat.RECORD
+    kept = rf | adc | (bits != 0)
+    samples = np.flatnonzero(recorded)
+    slot = np.full(len(columns), -1, dtype=np.int32)
+    slot[samples] = np.arange(len(samples))
+
+    # Per rotating pulse, its definition's 2 pi |I|, arg I and S, each definition read once.
+    scale, extra, sat = np.ones(len(columns)), np.zeros(len(columns)), np.zeros(len(columns))
+    raster = description.rf_raster_time_s
+    for definition_id in np.unique(columns.definition_id[rotating]).tolist():
+        definition = definitions[definition_id]
+        area = definition.integral(rf_raster_time_s=raster)
+        uses = rotating & (columns.definition_id == definition_id)
+        scale[uses], extra[uses] = 2 * math.pi * abs(area), cmath.phase(area)
+        sat[uses] = float(definition.saturation(rf_raster_time_s=raster))
+
+    if kept.any():
+        take = None if kept.all() else torch.from_numpy(np.flatnonzero(kept))
+        played = [a[kept] for a in (bits, slot, scale, extra, sat, columns.frequency_hz)]
+    else:  # nothing happens: one inert event keeps the program well formed
+        take, played = None, [np.zeros(1, dtype=np.int32), np.full(1, -1, dtype=np.int32), np.ones(1),
+                              np.zeros(1), np.zeros(1), np.zeros(1)]
+    layout = _Layout(kept, take, played[0], played[1], samples.tolist(), *played[2:])
+    _LAST_LAYOUT = (key, list(definitions.values()), layout)
+    return layout
+
+
+def _compile(description, repetitions, record, states, complex_states) -> Program:
+    columns = columns_of(description)
+    if columns is None:
+        raise _PerTrain
+    layout = _layout(columns, description, record)
+    if layout.kept.any():
+        t_us, amplitude, phase_rad = columns.timestamp_us, columns.amplitude_hz, columns.phase_rad
+        if layout.take is not None:  # one gather per value array
+            t_us, amplitude, phase_rad = (v.index_select(0, layout.take) for v in (t_us, amplitude, phase_rad))
+        if not columns.timestamp_differentiated[layout.kept].any():
+            t_us = t_us.detach()  # only other moments carry a derivative (a dropped event's, the end): constant
+    else:
+        t_us = amplitude = phase_rad = torch.zeros(1, dtype=torch.float64)
+    # The program's own arrays: the layout is kept for later calls and a caller may change its program's.
+    action, records, sat, freqs = (a.copy() for a in (layout.action, layout.record, layout.sat, layout.rf_hz))
+    samples, scale, extra = list(layout.samples), layout.scale, layout.extra
+
     dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
     tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
     dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
-    action = np.asarray(actions, dtype=np.int32)
     if states is None:  # API.md 2.1, as engine.default_states counts it
         states = max(8, min(64, 1 + repetitions * _count_windings(action)))
-    nonzero = np.asarray((dt_s.detach() != 0).tolist(), dtype=bool)  # tolist: also under torch.func
+    nonzero = _host(dt_s != 0)
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1
     action[nonzero | differentiated(dt_s)] |= nat.INTERVAL
 
-    flip_rad = _vector(amplitudes) * torch.tensor(scales, dtype=torch.float64)
-    phase_rad = _vector(phases)
-    if any(extras):
-        phase_rad = phase_rad + torch.tensor(extras, dtype=torch.float64)
+    flip_rad = amplitude * torch.from_numpy(scale)
+    if extra.any():
+        phase_rad = phase_rad + torch.from_numpy(extra)
     rotating = (action & nat.ROTATE) != 0
     path, axis = nat.PATH_COMPLEX, 0.0
-    if not complex_states and not phase_grad:
-        turning = np.asarray(phase_rad.detach().tolist(), dtype=np.float64)[rotating]
+    if not complex_states and not columns.rf_phase_differentiated:
+        turning = _host(phase_rad)[rotating]
         axis = float(turning[0]) if turning.size else 0.0
         turns = (turning - axis) / math.pi
         halves = np.round(turns)
         if not np.any(np.abs(turns - halves) > 1e-9):
             path = nat.PATH_REAL
-            sign = np.ones(len(actions))
-            sign[rotating] = np.where(halves % 2 != 0, -1.0, 1.0)
-            flip_rad = flip_rad * torch.from_numpy(sign)
-            phase_rad = torch.where(torch.from_numpy((action & nat.RECORD) != 0), phase_rad - axis, phase_rad)
+            flipped = halves % 2 != 0
+            if flipped.any():  # x * 1 and x - 0 are x: the common train skips both ops
+                sign = np.ones(len(action))
+                sign[rotating] = np.where(flipped, -1.0, 1.0)
+                flip_rad = flip_rad * torch.from_numpy(sign)
+            if axis != 0.0:
+                phase_rad = torch.where(torch.from_numpy((action & nat.RECORD) != 0), phase_rad - axis, phase_rad)
         else:
             axis = 0.0
 
@@ -331,7 +369,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
         geometry_dk = float(description.crusher_dephasing_rad) / voxel
     return Program(
         action=action,
-        record=np.asarray(records, dtype=np.int32),
+        record=records,
         dt_s=dt_s,
         dt_wrap_s=dt_wrap_s,
         flip_rad=flip_rad,
@@ -343,17 +381,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
         crusher_dk_rad_per_m=geometry_dk,
         voxel_size_m=voxel,
         sample_events=samples,
-        sat_per_rad2=np.asarray(sats, dtype=np.float64),
-        rf_hz=np.asarray([_frequency(f) for f in freqs], dtype=np.float64),
+        sat_per_rad2=sat,
+        rf_hz=freqs,
         axis_phase_rad=axis,
     )
-
-
-def _frequency(x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise _PerTrain
-        return float(x.detach())
-    return float(x)
-
-

@@ -6,11 +6,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .columns import COLUMNS_KEY
 from .events import EventType, SequenceEvent, as_float, check_nonnegative
 from .operators import compose
 from .rf import ideal_rf_definition
 
 __all__ = ["SequenceDescription"]
+
+#: Where `_from_ordered_events` keeps the callable that makes the events, until they are first read.
+_MAKE_EVENTS = "_blochsim_make_events"
+#: The ideal pulse of definition id 0 in every description laid out here: one frozen definition, whose
+#: constants are worked out once (and the compiler's layout, keyed by definition, is kept across descriptions).
+_IDEAL = ideal_rf_definition()
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,9 @@ class SequenceDescription:
     shim id -> `ShimDefinition`. `crusher_dephasing_rad` is the winding of one
     unbalanced gradient across one voxel of length `voxel_size_m` (m); both give
     diffusion and flow their geometry.
+
+    A builder's description (`sequence.builders`) makes its events where `events` is first read; the
+    engine reads the columns laid out beside them instead. A copy or a pickle holds the events.
     """
 
     subsequence_index: int
@@ -76,21 +86,42 @@ class SequenceDescription:
             raise ValueError(f"rf_raster_time_s must be > 0 s, got {self.rf_raster_time_s!r}")
 
     @classmethod
-    def _from_ordered_events(cls, events: tuple, end_s: Any, *, crusher_dephasing_rad: float = 0.0,
+    def _from_ordered_events(cls, events: Any, end_s: Any, *, crusher_dephasing_rad: float = 0.0,
                              voxel_size_m: float | None = None) -> SequenceDescription:
         """What `from_operators` gives for operators that emit `events` and end at `end_s` (s), from
         `start_s = 0` with the ideal definition 0 and no shims, for callers (the builders) whose events
         are `SequenceEvent`s in time order that end by `end_s` and play definition 0 only: the checks
-        of each event are skipped, those of the settings are not."""
+        of each event are skipped, those of the settings are not.
+
+        `events` is a tuple, or a callable that returns it, called where `events` is first read: the
+        engine reads a builder's columns instead (`sequence.columns`), so a train of a thousand events
+        is simulated without making them."""
         description = object.__new__(cls)
-        for name, value in (("subsequence_index", 0), ("tr_duration_us", end_s * 1e6), ("events", events),
-                            ("rf_definitions", {0: ideal_rf_definition()}), ("shim_definitions", {}),
+        lazy = callable(events)
+        for name, value in (("subsequence_index", 0), ("tr_duration_us", end_s * 1e6),
+                            (_MAKE_EVENTS if lazy else "events", events),
+                            ("rf_definitions", {0: _IDEAL}), ("shim_definitions", {}),
                             ("crusher_dephasing_rad", crusher_dephasing_rad), ("voxel_size_m", voxel_size_m),
                             ("rf_raster_time_s", 1e-6)):
             object.__setattr__(description, name, value)
         check_nonnegative("tr_duration_us", description.tr_duration_us, "us")
         description._check_settings()
         return description
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for an attribute not set: the events of `_from_ordered_events` given as a callable.
+        make = self.__dict__.get(_MAKE_EVENTS) if name == "events" else None
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        events = self.__dict__.setdefault("events", make())  # a second reader keeps the first one's events
+        self.__dict__.pop(_MAKE_EVENTS, None)
+        return events
+
+    def __getstate__(self) -> dict:
+        # A copy or a pickle holds the events themselves, not the columns laid out beside them (in a
+        # copy, `events` is often replaced).
+        self.events  # noqa: B018 - made here if not yet
+        return {k: v for k, v in self.__dict__.items() if k != COLUMNS_KEY}
 
     @property
     def adc_events(self) -> tuple:
@@ -116,7 +147,7 @@ class SequenceDescription:
         `rf_definitions` gives another; the ids `rf_definitions` adds are kept as given.
         """
         events, end_s = compose(*parts, start_s=start_s)
-        definitions = {0: ideal_rf_definition()}
+        definitions = {0: _IDEAL}
         definitions.update(rf_definitions or {})
         return cls(subsequence_index, end_s * 1e6, events, definitions, dict(shim_definitions or {}),
                    crusher_dephasing_rad, voxel_size_m, rf_raster_time_s)

@@ -295,12 +295,16 @@ class RfDefinition:
         The bound pool's Z is multiplied by `exp(S * alpha^2 * G(f_rf - B0))` per pulse.
         A rectangular pulse of length T has S = -pi/T; the ideal pulse S = -2*pi^2.
         """
-        area = abs(self.integral(rf_raster_time_s=rf_raster_time_s))
-        if area == 0:
-            return 0.0
-        w = self.combined_envelope()
-        power = float(np.sum(np.abs(w) ** 2 * self.sample_durations(rf_raster_time_s=rf_raster_time_s)))
-        return -math.pi * (power / area) / area  # divided twice: exact -2*pi^2 for the ideal pulse
+        key = ("saturation", _raster(rf_raster_time_s))
+        if key not in self._memo:
+            area = abs(self.integral(rf_raster_time_s=rf_raster_time_s))
+            if area == 0:
+                self._memo[key] = 0.0
+            else:
+                w = self.combined_envelope()
+                power = float(np.sum(np.abs(w) ** 2 * self.sample_durations(rf_raster_time_s=rf_raster_time_s)))
+                self._memo[key] = -math.pi * (power / area) / area  # divided twice: exact -2*pi^2 for the ideal pulse
+        return self._memo[key]
 
     def flip_angle(self, amplitude_hz: Any, *, rf_raster_time_s: float = 1e-6) -> tuple[Any, Any]:
         """`(2*pi*|amp * I|, arg(amp * I))` with `I = integral()`: the flip (rad, >= 0) and the phase
