@@ -154,5 +154,5 @@ def test_cu12_launcher_passes_the_kernels_parameters():
     assert params == {
         "forward_kernel": "const Problem<R> pb_in, int64_t V, SampleIO<N> io, S* scratch",
         "vjp_kernel": "const Problem<R> pb_in, int64_t V, SampleIO<N> io, DeviceEventGrad<N> eg, GradOut<R> out, "
-                      "S* scratch, N* table_scratch, int64_t table_total",
+                      "S* scratch, N* table_scratch",
     }

@@ -85,7 +85,8 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
     const EventGrad<N> eg{block_grads.data() + b * nev, E};
     for (int64_t v = b * kVoxelsPerBlock; v < V && v < (b + 1) * kVoxelsPerBlock; ++v) {
       io.base = v * pb.S;
-      vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, Ref<S>{store, 1}, table_acc, io, eg, out);
+      vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, Ref<S>{store, 1}, table_grad_at(pb, out, table_acc, 0, 1), io, eg,
+                          out);
     }
   });
   // Reduce blocks in order, in double.

@@ -20,11 +20,13 @@ struct WarpSum {
     return x;
   }
 };
-struct FromLaneBelow {  // lane l gets lane l - 1's value (lane 0 its own)
-  __device__ float operator()(float x) const { return __shfl_up_sync(0xffffffffu, x, 1); }
+struct FromLaneBelow {  // lane l gets lane l - 1's value (lane 0 of each group of `width` its own)
+  int width = 32;
+  __device__ float operator()(float x) const { return __shfl_up_sync(0xffffffffu, x, 1, width); }
 };
-struct FromLaneAbove {  // lane l gets lane l + 1's value (lane 31 its own)
-  __device__ float operator()(float x) const { return __shfl_down_sync(0xffffffffu, x, 1); }
+struct FromLaneAbove {  // lane l gets lane l + 1's value (the group's last lane its own)
+  int width = 32;
+  __device__ float operator()(float x) const { return __shfl_down_sync(0xffffffffu, x, 1, width); }
 };
 template <class F>
 __device__ __forceinline__ float each_float(float x, F f) {
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const Problem<R> pb_in, in
 template <class N, class S, int KC, class R>
 __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                   DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
-                                                  N* table_scratch, int64_t table_total) {
+                                                  N* table_scratch) {
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const bool active = thread < V;
   const int64_t v = active ? thread : V - 1;  // padding threads replay the last voxel and write nothing
@@ -108,12 +110,12 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
     out = GradOut<R>{};
   }
   const Ref<S> mine{scratch + thread, launched_threads()};
-  N* table_acc = table_scratch + thread * table_total;
+  const TableGrad<N> tg = table_grad_at(pb, out, table_scratch, thread, launched_threads());
   if constexpr (KC > 0) {
     S work[3 * 3 * KC];
-    vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, mine, table_acc, io, eg, out);
+    vjp_voxel_out<N, S>(pb, v, Ref<S>{work, 1}, mine, tg, io, eg, out);
   } else {
-    vjp_voxel_out<N, S>(pb, v, mine, mine + 3 * state_size(pb), table_acc, io, eg, out);
+    vjp_voxel_out<N, S>(pb, v, mine, mine + 3 * state_size(pb), tg, io, eg, out);
   }
 }
 
@@ -124,19 +126,22 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
 // one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual) for every layout; the
 // adjoints (VJP, and VJP-JVP with N a Dual) for pool model 0, each lane keeping its own checkpoints.
 // F+(k) -> F+(k+1), F-(k) -> F-(k-1) across the warp; orders >= K drop out; new F+(0) = conj(new F-(0)).
+// A voxel may also take a group of `lanes` (4, 8: a forward with several orders per lane, see
+// forward_warp_kernel); lane is then the lane within the group.
 struct WarpShift {
   int lane;
   int64_t K;  // orders of the voxel
+  int lanes = 32;
   template <class S>
   __device__ void operator()(Planes<S> x, int64_t kpl) const {
-    const S up = each_float(x.p[kpl - 1], FromLaneBelow{});
-    const S down = each_float(x.m[0], FromLaneAbove{});
+    const S up = each_float(x.p[kpl - 1], FromLaneBelow{lanes});
+    const S down = each_float(x.m[0], FromLaneAbove{lanes});
     BS_UNROLL
     for (int64_t j = kpl - 1; j > 0; --j) x.p[j] = x.p[j - 1];
     x.p[0] = up;
     BS_UNROLL
     for (int64_t j = 0; j < kpl - 1; ++j) x.m[j] = x.m[j + 1];
-    x.m[kpl - 1] = lane == 31 ? S(0) : down;
+    x.m[kpl - 1] = lane == lanes - 1 ? S(0) : down;
     BS_UNROLL
     for (int64_t j = 0; j < kpl; ++j)
       if (lane * kpl + j >= K) x.p[j] = x.m[j] = S(0);
@@ -169,11 +174,15 @@ struct WarpShiftAdjoint {
   }
 };
 
-template <class N, class S, int KPL, bool TAB, class R>
+// LANES lanes per voxel (32: a warp; 4 or 8: a group of a warp, several orders per lane). Groups past the
+// last voxel replay it and write nothing: every lane of a warp takes part in its shuffles.
+template <class N, class S, int KPL, bool TAB, int LANES, class R>
 __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
-  const int lane = threadIdx.x & 31;
-  const int64_t v = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
-  if (v >= V) return;  // whole warps: v is the same on every lane
+  const int lane = threadIdx.x & (LANES - 1);
+  const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
+  if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps past the last voxel
+  const int64_t v = group < V ? group : V - 1;
+  if (group >= V) io.signal = io.signal_tan = nullptr;
   Problem<R> pb = pb_in;
   if constexpr (!TAB) {
     pb.nt = 1;
@@ -188,29 +197,44 @@ __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_i
     for (int q = 0; q < x.nl; ++q) x.z(q)[0] = TAB ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
-  const WarpShift shift{lane, pb.K};
+  const WarpShift shift{lane, pb.K, LANES};
   const int64_t n = pb.E * pb.reps;
   for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
 }
 
-// Adjoint of pool model 0 with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its
-// work states in registers, its checkpoints and replay buffer interleaved in device scratch by lane), the
-// event-value gradients are summed over the warp by DeviceEventGrad, the tissue gradients here.
-template <class N, class S, int KPL, class R>
+// Adjoint with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its work states in
+// registers, or for the tabulated layouts in its local array; its checkpoints, replay buffer and table
+// cotangents interleaved in device scratch by lane), the event-value gradients are summed over the warp by
+// DeviceEventGrad, the tissue and table gradients here.
+struct WarpTotal {
+  template <class N>
+  __device__ N operator()(const N& x) const {
+    return warp_sum(x);
+  }
+};
+
+template <class N, class S, int KPL, bool TAB, class R>
 __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
-                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch) {
+                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
+                                                       N* table_scratch) {
   const int lane = threadIdx.x & 31;
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t v = thread >> 5;
   if (v >= V) return;  // whole warps
-  Problem<R> pb = specialise<KPL>(pb_in);  // model 0, and states of the lane's KPL orders
+  Problem<R> pb = pb_in;
+  if constexpr (TAB)
+    pb.K = KPL;  // the lane's orders; pools and tables as the problem has them
+  else
+    pb = specialise<KPL>(pb_in);  // model 0, and states of the lane's KPL orders
   const int64_t K = pb_in.K;
   eg.active = true;
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
-  S work[3 * 3 * KPL];
+  constexpr int kPlanes = TAB ? 3 * kMaxPools : 3;
+  S work[3 * kPlanes * KPL];
   VoxelGrad<N> g;
-  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, TableGrad<N>{},
+  const TableGrad<N> tg = TAB ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
+  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, tg,
                   WarpShift{lane, K}, WarpShiftAdjoint{lane, K}, int64_t(lane) * KPL);
   const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
                                       g.b1phase, g.b0, g.inv, g.D, g.v};
@@ -223,6 +247,7 @@ __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, i
       if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
     }
   }
+  if constexpr (TAB) write_table_grads(pb, v, tg, out, WarpTotal{}, lane == 0);
 }
 
 }  // namespace bs

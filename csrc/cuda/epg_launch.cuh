@@ -17,19 +17,34 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
                     cudaStream_t stream) {
   if (V == 0) return;
   if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
-  if (warp_mapping(pb, V, !std::is_same<N, S>::value)) {
-    const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
+  const int lanes = forward_lanes<N, S>(pb, V);
+  if (lanes > 1) {
+    const dim3 grid(static_cast<unsigned>((V * lanes + 127) / 128)), block(128);
     const bool two = warp_orders_per_lane(pb.K) == 2;
+    if constexpr (Num<N>::P == 0) {
+      if (lanes == 4 || lanes == 8) {
+        if (lanes == 4 && pb.tabulated)
+          forward_warp_kernel<N, S, 8, true, 4><<<grid, block, 0, stream>>>(pb, V, io);
+        else if (lanes == 4)
+          forward_warp_kernel<N, S, 8, false, 4><<<grid, block, 0, stream>>>(pb, V, io);
+        else if (pb.tabulated)
+          forward_warp_kernel<N, S, 4, true, 8><<<grid, block, 0, stream>>>(pb, V, io);
+        else
+          forward_warp_kernel<N, S, 4, false, 8><<<grid, block, 0, stream>>>(pb, V, io);
+        check_cuda(cudaGetLastError(), "forward kernel launch");
+        return;
+      }
+    }
     if (pb.tabulated) {
       if (two)
-        forward_warp_kernel<N, S, 2, true><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 2, true, 32><<<grid, block, 0, stream>>>(pb, V, io);
       else
-        forward_warp_kernel<N, S, 1, true><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 1, true, 32><<<grid, block, 0, stream>>>(pb, V, io);
     } else {
       if (two)
-        forward_warp_kernel<N, S, 2, false><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 2, false, 32><<<grid, block, 0, stream>>>(pb, V, io);
       else
-        forward_warp_kernel<N, S, 1, false><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 1, false, 32><<<grid, block, 0, stream>>>(pb, V, io);
     }
     check_cuda(cudaGetLastError(), "forward kernel launch");
     return;
@@ -82,26 +97,33 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
   S* state_scratch = static_cast<S*>(scratch);
+  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V));
   if (warp_adjoint<N, S>(pb, V)) {
     const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
-    if (warp_orders_per_lane(pb.K) == 2)
-      vjp_warp_kernel<N, S, 2><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch);
-    else
-      vjp_warp_kernel<N, S, 1><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch);
+    const bool two = warp_orders_per_lane(pb.K) == 2;
+    if (pb.tabulated) {
+      if (two)
+        vjp_warp_kernel<N, S, 2, true><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+      else
+        vjp_warp_kernel<N, S, 1, true><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+    } else {
+      if (two)
+        vjp_warp_kernel<N, S, 2, false><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+      else
+        vjp_warp_kernel<N, S, 1, false><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+    }
     check_cuda(cudaGetLastError(), "adjoint kernel launch");
     return;
   }
-  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V));
   const dim3 grid(static_cast<unsigned>(blocks_for(V))), block(threads_for(V));
   if constexpr (Num<N>::P == 0) {
     if (registers_layout<N>(pb) == 32) {
-      vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch,
-                                                       table_total(pb));
+      vjp_kernel<N, S, 32><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
       check_cuda(cudaGetLastError(), "adjoint kernel launch");
       return;
     }
   }
-  vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch, table_total(pb));
+  vjp_kernel<N, S, 0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
   check_cuda(cudaGetLastError(), "adjoint kernel launch");
 }
 

@@ -214,8 +214,7 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
   S* state_scratch = static_cast<S*>(scratch);
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, false));
   const int kc = registers_layout<N>(pb);
-  launch(kernel_name<N, S>("vjp_kernel", kc), V, stream, pb, V, io, eg, out, state_scratch, table_scratch,
-         table_total(pb));
+  launch(kernel_name<N, S>("vjp_kernel", kc), V, stream, pb, V, io, eg, out, state_scratch, table_scratch);
 }
 
 // ---- as csrc/cuda/passes.cuh and the pass translation units ----------------------------------------------

@@ -280,21 +280,72 @@ struct GradOut {
   R* table_tan[5];
 };
 
-// The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg.
-// `table_acc` is scratch of at least the sum of table_sizes N.
-template <class N, class S, class R, class EG>
-BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, N* table_acc, const SampleIO<N>& io,
-                         const EG& eg, const GradOut<R>& out) {
-  const Voxel<N> t = load_voxel<N>(pb, v);
+// A voxel's (or a warp lane's) table cotangents in `scratch`, zeroed: the five tables one after another
+// (table_sizes), `st` apart (the device interleaves its threads: lane = the thread, st = threads launched).
+template <class N, class R>
+BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N* scratch, int64_t lane, int64_t st) {
   int64_t sizes[5];
   table_sizes(pb, sizes);
-  const int64_t total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
-  for (int64_t i = 0; i < total; ++i) table_acc[i] = N(0);
-  N* acc = table_acc;
-  bool wanted = false;
-  for (int i = 0; i < 5; ++i) wanted = wanted || out.table[i] || out.table_tan[i];
-  TableGrad<N> tg{acc, acc + sizes[0], reinterpret_cast<Cx<N>*>(acc + sizes[0] + sizes[1]),
-                  acc + sizes[0] + sizes[1] + sizes[2], acc + sizes[0] + sizes[1] + sizes[2] + sizes[3], wanted};
+  N* region[5];
+  int64_t off = 0;
+  for (int i = 0; i < 5; ++i) {
+    region[i] = scratch + st * off;
+    off += sizes[i];
+  }
+  TableGrad<N> tg{Ref<N>{region[0] + lane, st}, Ref<N>{region[1] + lane, st},
+                  Ref<Cx<N>>{reinterpret_cast<Cx<N>*>(region[2]) + lane, st}, Ref<N>{region[3] + lane, st},
+                  Ref<N>{region[4] + lane, st}};
+  for (int i = 0; i < 5; ++i) tg.wanted = tg.wanted || out.table[i] || out.table_tan[i];
+  const Ref<N> plain[4] = {tg.L, tg.r, tg.zeq, tg.sat};
+  const int64_t count[4] = {sizes[0], sizes[1], sizes[3], sizes[4]};
+  for (int i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < count[i]; ++j) plain[i][j] = N(0);
+  for (int64_t j = 0; j < sizes[2] / 2; ++j) tg.T[j] = Cx<N>();
+  return tg;
+}
+
+// Write voxel v's table cotangents where asked: `total` sums a number over whatever holds shares of it (a
+// warp's lanes; the identity on the host) and is called alike everywhere; `writer` writes.
+template <class N, class R, class Total>
+BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>& tg, const GradOut<R>& out,
+                             const Total& total, bool writer) {
+  int64_t sizes[5];
+  table_sizes(pb, sizes);
+  auto put = [&](int i, int64_t j, const N& x) {
+    if (!writer) return;
+    if (out.table[i]) out.table[i][v * sizes[i] + j] = value_of(x);
+    if constexpr (Num<N>::P > 0) {
+      if (out.table_tan[i]) out.table_tan[i][v * sizes[i] + j] = x.d[0];
+    }
+  };
+  const Ref<N> plain[5] = {tg.L, tg.r, Ref<N>{}, tg.zeq, tg.sat};
+  for (int i = 0; i < 5; ++i) {
+    if (!out.table[i] && !out.table_tan[i]) continue;
+    if (i == 2) {
+      for (int64_t j = 0; j < sizes[2] / 2; ++j) {
+        const Cx<N> x = tg.T[j];
+        put(2, 2 * j, total(x.re));
+        put(2, 2 * j + 1, total(x.im));
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < sizes[i]; ++j) put(i, j, total(plain[i][j]));
+  }
+}
+
+struct Itself {
+  template <class N>
+  BS_HD N operator()(const N& x) const {
+    return x;
+  }
+};
+
+// The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg. `table_acc`
+// holds the voxel's table cotangents (table_grad_at).
+template <class N, class S, class R, class EG>
+BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, TableGrad<N> tg,
+                         const SampleIO<N>& io, const EG& eg, const GradOut<R>& out) {
+  const Voxel<N> t = load_voxel<N>(pb, v);
   VoxelGrad<N> g;
   vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
   // Times: d/dT = d/d(rate) * d(rate)/dT.
@@ -306,17 +357,7 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
       if (out.tissue_tan[j]) out.tissue_tan[j][v] = per_param[j].d[0];
     }
   }
-  if (!pb.tabulated) return;
-  const N* src = table_acc;
-  for (int i = 0; i < 5; ++i) {
-    for (int64_t j = 0; j < sizes[i]; ++j) {
-      if (out.table[i]) out.table[i][v * sizes[i] + j] = value_of(src[j]);
-      if constexpr (Num<N>::P > 0) {
-        if (out.table_tan[i]) out.table_tan[i][v * sizes[i] + j] = src[j].d[0];
-      }
-    }
-    src += sizes[i];
-  }
+  if (pb.tabulated) write_table_grads(pb, v, tg, out, Itself{}, true);
 }
 
 }  // namespace bs

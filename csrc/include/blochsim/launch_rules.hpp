@@ -25,36 +25,56 @@ inline int registers_layout(const Problem<R>& pb) {
 }
 
 // Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) for up to 64 orders while the
-// problem is small, else a thread per voxel. The switch points were measured on the H200 (docs/design.md,
-// benchmarks/results/mapping): the thread kernels do 32x less per-event work per voxel and win once there
-// are a few thousand voxels on the real path, about 10k on the complex path, 20k with pool tables.
-// BLOCHSIM_CUDA_MAPPING=thread|warp forces one (where the warp kernel applies), so benchmarks can compare.
-// -1: not forced; 0: thread; 1: warp.
+// problem is small; beyond, a group of 4 lanes per voxel (8 orders per lane) for up to 32 orders, else a
+// thread per voxel. The switch points were measured on the H200 (docs/design.md, benchmarks/results/mapping):
+// a warp does 32x more per-event work per voxel than a thread, and loses once there are a few thousand
+// voxels on the real path, about 10k on the complex path, 20k with pool tables; a thread holds all 32
+// orders and spills (complex path) or keeps its states in device scratch (tables); a group of 4 holds 8.
+// BLOCHSIM_CUDA_MAPPING=thread|warp|lanes4|lanes8 forces one (where it applies), so benchmarks can compare.
+// -1: not forced; else the lanes per voxel (1: a thread).
 inline int forced_mapping() {
   const char* forced = std::getenv("BLOCHSIM_CUDA_MAPPING");
-  if (forced && std::strcmp(forced, "thread") == 0) return 0;
-  if (forced && std::strcmp(forced, "warp") == 0) return 1;
+  if (!forced) return -1;
+  if (std::strcmp(forced, "thread") == 0) return 1;
+  if (std::strcmp(forced, "warp") == 0) return 32;
+  if (std::strcmp(forced, "lanes8") == 0) return 8;
+  if (std::strcmp(forced, "lanes4") == 0) return 4;
   return -1;
 }
 
-template <class R>
-inline bool warp_mapping(const Problem<R>& pb, int64_t V, bool complex_path) {
-  if (pb.K > 64) return false;
-  if (forced_mapping() >= 0) return forced_mapping() == 1;
-  return V <= (pb.tabulated ? 20000 : complex_path ? 10000 : 3000);
+// Lanes per voxel of a forward or JVP launch: 32, 8, 4, or 1 (a thread per voxel). Groups of 4 or 8 are
+// compiled for the value forward only (N = float: a dual state of 8 orders per lane would spill).
+template <class N, class S, class R>
+inline int forward_lanes(const Problem<R>& pb, int64_t V) {
+  if (pb.K > 64) return 1;
+  const bool groups = Num<N>::P == 0 && pb.K <= 32;
+  const int forced = forced_mapping();
+  if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced ? forced : 1;
+  if (forced >= 0) return forced;
+  if (V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000)) return 32;
+  return groups ? 4 : 1;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
-// Adjoints (VJP, VJP-JVP) of pool model 0 take a warp per voxel too (each lane its own checkpoints); the
-// tabulated adjoints keep a thread per voxel (their table cotangents are per voxel). Measured on the H200
-// (docs/design.md), thread/warp ms: real VJP at 2k, 20k, 100k voxels 31/18, 45/48, 139/187; complex VJP
-// 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139, 1384/595. So warp up to 15,000 voxels for a
-// real float adjoint, at any size for complex or dual ones.
+// Adjoints (VJP, VJP-JVP) take a warp per voxel too (each lane its own checkpoints and, with pool tables,
+// its own table cotangents). Measured on the H200 (docs/design.md), thread/warp ms: real VJP at 2k, 20k,
+// 100k voxels 31/18, 45/48, 139/187; complex VJP 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139,
+// 1384/595. So warp up to 15,000 voxels for a real float adjoint, at any size for complex or dual ones.
+// Tabulated, thread/warp ms (2026-12-03): pooled_grad 2k 38.9/12.2, 20k 83.7/97.8; pooled5_grad 2k
+// 116/24.3, 20k 260/202; pooled_hvp 2k 139/85, 20k 302/484; pooledb_hvp 2k 107/77, 20k 247/448: warp up to
+// 6,000 voxels (the dual ones cross near 6k; pooled5_grad, still faster by warp at 20k, is rarely that big).
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
-  if (pb.tabulated || pb.K > 64) return false;
-  if (forced_mapping() >= 0) return forced_mapping() == 1;
+  if (pb.K > 64) return false;
+  if (forced_mapping() >= 0) return forced_mapping() == 32;
+  if (pb.tabulated) return V <= 6000;
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
+}
+
+// Threads an adjoint launches: 32 per voxel in blocks of four voxels, or one per voxel.
+template <class N, class S, class R>
+inline int64_t adjoint_threads(const Problem<R>& pb, int64_t V) {
+  return warp_adjoint<N, S>(pb, V) ? 32 * ((V + 3) / 4 * 4) : padded_voxels(V);
 }
 
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
@@ -68,14 +88,14 @@ inline int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool
 // `warp_kernels`: the library has the warp kernels (the CUDA 12 launcher does not: a thread per voxel).
 template <class N, class S, class R>
 inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if (warp_kernels && warp_mapping(pb, V, !std::is_same<N, S>::value)) return 0;
+  if (warp_kernels && forward_lanes<N, S>(pb, V) > 1) return 0;
   return int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
 }
 
 template <class N, class S, class R>
 inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if (warp_kernels && warp_adjoint<N, S>(pb, V)) {  // a store per lane, of 3 planes x KPL
-    const int64_t per_lane = store_states(pb) * 3 * warp_orders_per_lane(pb.K);
+  if (warp_kernels && warp_adjoint<N, S>(pb, V)) {  // a store per lane, of the planes x KPL
+    const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * warp_orders_per_lane(pb.K);
     return (int64_t(sizeof(S)) * 32 * V * per_lane + 255) / 256 * 256;
   }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
@@ -91,7 +111,8 @@ inline int64_t table_total(const Problem<R>& pb) {
 
 template <class N, class S, class R>
 inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * padded_voxels(V) * table_total(pb);
+  const int64_t threads = warp_kernels ? adjoint_threads<N, S>(pb, V) : padded_voxels(V);
+  return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * threads * table_total(pb);
 }
 
 }  // namespace bs

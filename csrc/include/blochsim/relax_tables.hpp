@@ -190,14 +190,15 @@ BS_HD void relax_from_products(const Problem<R>& pb, int64_t v, const Interval<N
   }
 }
 
-// Per-voxel cotangents of the tables (accumulated over events), in the layout of the tables.
+// Per-voxel cotangents of the tables (accumulated over events), in the layout of the tables; element j of
+// each at [j * st] (event_loop.hpp: table_grad_at): a warp's lanes keep their own, interleaved.
 template <class N>
 struct TableGrad {
-  N* L;     // [D, nl, nl]
-  N* r;     // [D, nl]
-  Cx<N>* T; // [D, nt, nt]
-  N* zeq;   // [nl]
-  N* sat;   // [E]
+  Ref<N> L;       // [D, nl, nl]
+  Ref<N> r;       // [D, nl]
+  Ref<Cx<N>> T;   // [D, nt, nt]
+  Ref<N> zeq;     // [nl]
+  Ref<N> sat;     // [E]
   bool wanted = false;  // some table's cotangent is asked for; else the L and T outer products are skipped
 };
 
