@@ -24,12 +24,15 @@ inline int registers_layout(const Problem<R>& pb) {
   return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
 }
 
-// Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) for up to 64 orders while the
-// problem is small; beyond, a group of 4 lanes per voxel (8 orders per lane) for up to 32 orders, else a
-// thread per voxel. The switch points were measured on the H200 (docs/design.md, benchmarks/results/mapping):
-// a warp does 32x more per-event work per voxel than a thread, and loses once there are a few thousand
-// voxels on the real path, about 10k on the complex path, 20k with pool tables; a thread holds all 32
-// orders and spills (complex path) or keeps its states in device scratch (tables); a group of 4 holds 8.
+// Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) while the problem is small; the
+// value forward then takes groups of 8 or 4 lanes per voxel (4 or 8 orders per lane, up to 32 orders), and
+// a thread per voxel past that. Measured on the H200 (docs/design.md, benchmarks/results/mapping/forward-*;
+// thread / warp / lanes4 / lanes8 ms): real path 5k 1.45/2.11/1.10/1.11, 20k 1.85/6.87/1.56/2.51, 100k
+// 4.45/32.7/6.60/10.4, 1M 40.4/-/61.5/98.5; complex path 5k 4.04/2.56/1.50/1.31, 20k 5.19/8.51/3.10/3.72,
+// 100k 21.9/40.1/11.9/16.1; pooled (3 pools, tables) 5k 5.03/3.73/1.67/1.47, 20k 7.38/13.2/4.63/5.55, 100k
+// 25.9/63.7/21.3/24.7; pooled5 5k 13.9/7.80/5.17/4.83, 20k 32.7/28.2/20.5/24.8. A warp does 32x the
+// per-event work of a thread per voxel; a thread holds all 32 orders and spills (complex path) or keeps
+// its states in device scratch (tables); a group amortises the per-event work over 4 or 8 orders.
 // BLOCHSIM_CUDA_MAPPING=thread|warp|lanes4|lanes8 forces one (where it applies), so benchmarks can compare.
 // -1: not forced; else the lanes per voxel (1: a thread).
 inline int forced_mapping() {
@@ -51,8 +54,10 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced ? forced : 1;
   if (forced >= 0) return forced;
-  if (V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000)) return 32;
-  return groups ? 4 : 1;
+  if (V <= 3000) return 32;
+  if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
+  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 40000 ? 4 : 1;  // real path: a thread past 40k
+  return V <= 8000 ? 8 : 4;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 

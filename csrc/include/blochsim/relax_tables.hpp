@@ -105,6 +105,16 @@ BS_HD void order_products(const Tables<N>& tb, State<S> x, int64_t k, bool order
   }
 }
 
+// Order k of x set to the products y (longitudinal), yp (F+), ym (F-).
+template <class S>
+BS_HD void store_order(State<S> x, int64_t k, const S* y, const S* yp, const S* ym) {
+  for (int q = 0; q < x.nl; ++q) x.z(q)[k] = y[q];
+  for (int p = 0; p < x.nt; ++p) {
+    x.fp(p)[k] = yp[p];
+    x.fm(p)[k] = ym[p];
+  }
+}
+
 // The interval's order factors and washout on the products of order k (order_products), into x.
 // Without diffusion, flow and washout the tables are the whole interval: the factors are 1.
 template <class N>
@@ -117,11 +127,7 @@ BS_HD void apply_order_factors(const Interval<N>& c, const N* zeq, State<S> x, i
                                const S* ym) {
   using RR = typename Num<N>::Real;
   if (tables_only(c)) {
-    for (int q = 0; q < x.nl; ++q) x.z(q)[k] = y[q];
-    for (int p = 0; p < x.nt; ++p) {
-      x.fp(p)[k] = yp[p];
-      x.fm(p)[k] = ym[p];
-    }
+    store_order(x, k, y, yp, ym);
     return;
   }
   Cx<N> ap, am, az;
@@ -145,13 +151,7 @@ BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interv
   for (int64_t k = 0; k < x.K; ++k) {
     S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
     order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
-    if (keep) {
-      for (int q = 0; q < x.nl; ++q) keep->z(q)[k] = y[q];
-      for (int p = 0; p < x.nt; ++p) {
-        keep->fp(p)[k] = yp[p];
-        keep->fm(p)[k] = ym[p];
-      }
-    }
+    if (keep) store_order(*keep, k, y, yp, ym);
     apply_order_factors(c, tb.zeq, x, k, y, yp, ym);
   }
 }
@@ -165,11 +165,7 @@ BS_HD void keep_table_products(const Problem<R>& pb, int64_t v, int64_t d, State
   for (int64_t k = 0; k < x.K; ++k) {
     S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
     order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
-    for (int q = 0; q < x.nl; ++q) keep.z(q)[k] = y[q];
-    for (int p = 0; p < x.nt; ++p) {
-      keep.fp(p)[k] = yp[p];
-      keep.fm(p)[k] = ym[p];
-    }
+    store_order(keep, k, y, yp, ym);
   }
 }
 
