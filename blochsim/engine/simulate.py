@@ -6,7 +6,6 @@ import dataclasses
 import math
 
 import torch
-import torch.autograd.forward_ad as fwAD
 
 from .. import _native as nat
 from .._arrays import LastResult
@@ -204,14 +203,49 @@ def jacobian(
     return apply_t2_prime(program, tissue.t2_prime_ms, signal, jac, fields)
 
 
+def _table_tangents(program, tissue, name, dtype, fields, differentiable, bind_kwargs) -> list:
+    """The pool tables' tangents along tissue field `name` (None where a table does not move).
+
+    Two reverse passes give the Jacobian-vector product (the "double-vjp" identity: the vector-Jacobian
+    product u -> J^T u is linear in u, so its own vjp with the direction is J v), through the table
+    construction. Forward-mode autograd would do it in one pass, but in torch 2.13 a dual tensor times a
+    Python number runs a Python reference whose first use imports torch._dynamo (about 5 s, once per process).
+    `differentiable`: the tangents keep their graph (a Jacobian inside a derivative: some kernel input
+    requires grad).
+    """
+    value = getattr(tissue, name)
+    base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+    with torch.enable_grad():
+        x = base.view_as(base) if base.requires_grad else base.detach().requires_grad_()
+        _, moved, _ = bind(program, dataclasses.replace(tissue, **{name: x}), dtype, active=fields, **bind_kwargs)
+        tables = list(moved[K.TABLE_START:])
+        live = [i for i, t in enumerate(tables) if t is not None and t.requires_grad]
+        out = [None] * len(tables)
+        if not live:
+            return out
+        # Scalar outputs throughout: autograd.grad given grad_outputs imports sympy on first use (about 2 s).
+        flat = [torch.view_as_real(tables[i]) if tables[i].is_complex() else tables[i] for i in live]
+        probes = [torch.zeros_like(f, requires_grad=True) for f in flat]
+        inner = sum((f * u).sum() for f, u in zip(flat, probes, strict=True))
+        (pulled,) = torch.autograd.grad(inner, x, create_graph=True, allow_unused=True)
+        if pulled is None or not pulled.requires_grad:
+            return out
+        pushed = torch.autograd.grad(pulled.sum(), probes, create_graph=differentiable, allow_unused=True)
+    for i, t in zip(live, pushed, strict=True):
+        if t is not None and tables[i].is_complex():
+            t = torch.view_as_complex(t.contiguous())
+        out[i] = t
+    return out
+
+
 def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
     """Per kernel input, its tangents [P, *shape] along the P fields (None where all are zero).
 
     A field the kernels read directly (T1, T2, B0, ...) has a one-hot tangent on its own buffer. A pool
-    property reaches the kernels through the pool tables, whose tangents come from forward-mode autograd
-    through the table construction (the only place forward mode is used).
+    property reaches the kernels through the pool tables, whose tangents are `_table_tangents`.
     """
     direct = {name: K.NUM_EVENT_INPUTS + i for i, name in enumerate(nat.TISSUE_PARAMS)}
+    differentiable = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     columns = []
     for name in fields:
         column = [None] * len(inputs)
@@ -222,15 +256,7 @@ def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
         if index is not None:
             column[index] = torch.ones_like(inputs[index])
         if index is None or inputs[K.TABLE_START] is not None:
-            value = getattr(tissue, name)
-            base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
-            with fwAD.dual_level():
-                dual = fwAD.make_dual(base, torch.ones_like(base))
-                _, dual_inputs, _ = bind(program, dataclasses.replace(tissue, **{name: dual}), dtype,
-                                         active=fields, **bind_kwargs)
-                for i in range(K.TABLE_START, len(inputs)):
-                    if dual_inputs[i] is not None:
-                        column[i] = fwAD.unpack_dual(dual_inputs[i]).tangent
+            column[K.TABLE_START:] = _table_tangents(program, tissue, name, dtype, fields, differentiable, bind_kwargs)
         columns.append(column)
     tangents = []
     for i, x in enumerate(inputs):
