@@ -77,7 +77,9 @@ CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, 
          if not (pools != "free" and states == 32)]
 # Forward, JVP and the adjoints launch a warp per voxel (orders across lanes; 40 orders: two per lane) or a
 # thread per voxel, and the value forward a group of 4 or 8 lanes per voxel (launch_rules.hpp); all are held
-# to the host.
+# to the host. The pool layouts here have their pool counts compiled (launch_rules.hpp fixed_pools_layout:
+# mt (1, 2), poolb (2, 2), poolb+mt (2, 3), five (4, 5)) in groups of 4 and the warp's float adjoint at up
+# to 32 orders; groups of 8, the 32-lane forward and 40 orders take the run-time pool counts.
 MAPPINGS = ("warp", "thread", "lanes4", "lanes8")
 
 
@@ -120,7 +122,7 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
 
 
 @pytest.mark.parametrize("pools", ("free", "poolb+mt"))
-@pytest.mark.parametrize("states", (10, 40))
+@pytest.mark.parametrize("states", (10, 32, 40))  # 32: model 0 leaves the plain layouts (launch_rules.hpp)
 def test_order_dependent_physics_matches_host(states, pools, mapping):
     """Diffusion and flow factors depend on the order: a lane must use its own orders, not 0..K/32, forward
     and in the adjoint (the gradients along D and v are sums over orders), with and without pool tables."""

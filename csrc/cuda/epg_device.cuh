@@ -65,14 +65,41 @@ struct DeviceEventGrad {
   }
 };
 
-// Fix the layout at compile time where it is: model 0 with KC orders (KC = 0: keep the runtime count).
+// Model 0 with every order relaxing alike (no diffusion, flow or washout: plain_orders) as compile-time
+// facts, so the order loops lose their order-dependent branches (launches take these kernels only for such
+// problems).
+template <class R>
+__device__ __forceinline__ void model0_layout(Problem<R>& pb) {
+  pb.nt = 1;
+  pb.nl = 1;
+  pb.tabulated = false;
+}
+template <class R>
+__device__ __forceinline__ void plain_layout(Problem<R>& pb) {
+  model0_layout(pb);
+  pb.diffusion = pb.flow = pb.washout = false;
+}
+
+// A warp or group kernel's compile-time layout (launch_rules.hpp kModel0 ...) on the problem it reads.
+template <int LAYOUT, class R>
+__device__ __forceinline__ void apply_layout(Problem<R>& pb) {
+  if constexpr (LAYOUT == kModel0) {
+    model0_layout(pb);
+  } else if constexpr (LAYOUT == kPlain) {
+    plain_layout(pb);
+  } else if constexpr (LAYOUT > kTables) {
+    pb.nt = layout_nt(LAYOUT);
+    pb.nl = layout_nl(LAYOUT);
+  }
+}
+
+// Fix the layout at compile time where it is: plain model 0 with KC orders (KC = 0: keep the runtime
+// count and physics).
 template <int KC, class R>
 __device__ __forceinline__ Problem<R> specialise(Problem<R> pb) {
   if constexpr (KC > 0) {
     pb.K = KC;
-    pb.nt = 1;
-    pb.nl = 1;
-    pb.tabulated = false;
+    plain_layout(pb);
   }
   return pb;
 }
@@ -175,22 +202,19 @@ struct WarpShiftAdjoint {
 };
 
 // LANES lanes per voxel (32: a warp; 4 or 8: a group of a warp, several orders per lane). Groups past the
-// last voxel replay it and write nothing: every lane of a warp takes part in its shuffles.
-template <class N, class S, int KPL, bool TAB, int LANES, class R>
+// last voxel replay it and write nothing: every lane of a warp takes part in its shuffles. LAYOUT: see
+// apply_layout.
+template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
+  constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
   if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps past the last voxel
   const int64_t v = group < V ? group : V - 1;
   if (group >= V) io.signal = io.signal_tan = nullptr;
   Problem<R> pb = pb_in;
-  if constexpr (!TAB) {
-    pb.nt = 1;
-    pb.nl = 1;
-    pb.tabulated = false;
-  }
-  constexpr int kPlanes = TAB ? 3 * kMaxPools : 3;
-  S work[kPlanes * KPL];
+  apply_layout<LAYOUT>(pb);
+  S work[layout_planes(LAYOUT) * KPL];
   const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
   zero_state(x);
   if (lane == 0)
@@ -198,8 +222,8 @@ __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_i
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};
-  const int64_t n = pb.E * pb.reps;
-  for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
+  for (int64_t rep = 0; rep < pb.reps; ++rep)
+    for (int64_t e = 0; e < pb.E; ++e) step_forward(pb, v, t, load_event<N>(pb, rep, e), x, &io, shift);
 }
 
 // Adjoint with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its work states in
@@ -213,7 +237,7 @@ struct WarpTotal {
   }
 };
 
-template <class N, class S, int KPL, bool TAB, class R>
+template <class N, class S, int KPL, int LAYOUT, class R>
 __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                        DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
                                                        N* table_scratch) {
@@ -221,23 +245,22 @@ __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, i
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t v = thread >> 5;
   if (v >= V) return;  // whole warps
+  constexpr bool TAB = tabulated_layout(LAYOUT);
+  static_assert(LAYOUT != kPlain, "the adjoint reads order-dependent physics at run time");
   Problem<R> pb = pb_in;
-  if constexpr (TAB)
-    pb.K = KPL;  // the lane's orders; pools and tables as the problem has them
-  else
-    pb = specialise<KPL>(pb_in);  // model 0, and states of the lane's KPL orders
+  pb.K = KPL;  // the lane's orders
+  apply_layout<LAYOUT>(pb);
   const int64_t K = pb_in.K;
   eg.active = true;
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
-  constexpr int kPlanes = TAB ? 3 * kMaxPools : 3;
-  S work[3 * kPlanes * KPL];
+  S work[3 * layout_planes(LAYOUT) * KPL];
   VoxelGrad<N> g;
   const TableGrad<N> tg = TAB ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
   vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, tg,
                   WarpShift{lane, K}, WarpShiftAdjoint{lane, K}, int64_t(lane) * KPL);
-  const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
-                                      g.b1phase, g.b0, g.inv, g.D, g.v};
+  N per_param[BS_NUM_TISSUE];
+  tissue_gradients(g, t, per_param);
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {
     if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
     const N total = warp_sum(per_param[j]);

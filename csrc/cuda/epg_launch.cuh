@@ -12,6 +12,14 @@ inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
+// The kernels with pool counts fixed at compile time (pools.cu): launch the problem's where its layout is
+// compiled (launch_rules.hpp fixed_pools_layout) and return true, else false.
+template <class S>
+bool launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream);
+template <class S>
+bool launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
+                      const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream);
+
 template <class N, class S, class R>
 void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void* scratch, int64_t scratch_bytes,
                     cudaStream_t stream) {
@@ -21,30 +29,36 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
   if (lanes > 1) {
     const dim3 grid(static_cast<unsigned>((V * lanes + 127) / 128)), block(128);
     const bool two = warp_orders_per_lane(pb.K) == 2;
-    if constexpr (Num<N>::P == 0) {
+    if constexpr (std::is_same<N, float>::value) {  // groups: the value forward
       if (lanes == 4 || lanes == 8) {
+        const bool plain = plain_orders(pb);
+        if (lanes == 4 && pb.tabulated && launch_forward_pools<S>(pb, V, io, stream)) return;
         if (lanes == 4 && pb.tabulated)
-          forward_warp_kernel<N, S, 8, true, 4><<<grid, block, 0, stream>>>(pb, V, io);
+          forward_warp_kernel<N, S, 8, kTables, 4><<<grid, block, 0, stream>>>(pb, V, io);
+        else if (lanes == 4 && plain)
+          forward_warp_kernel<N, S, 8, kPlain, 4><<<grid, block, 0, stream>>>(pb, V, io);
         else if (lanes == 4)
-          forward_warp_kernel<N, S, 8, false, 4><<<grid, block, 0, stream>>>(pb, V, io);
+          forward_warp_kernel<N, S, 8, kModel0, 4><<<grid, block, 0, stream>>>(pb, V, io);
         else if (pb.tabulated)
-          forward_warp_kernel<N, S, 4, true, 8><<<grid, block, 0, stream>>>(pb, V, io);
+          forward_warp_kernel<N, S, 4, kTables, 8><<<grid, block, 0, stream>>>(pb, V, io);
+        else if (plain)
+          forward_warp_kernel<N, S, 4, kPlain, 8><<<grid, block, 0, stream>>>(pb, V, io);
         else
-          forward_warp_kernel<N, S, 4, false, 8><<<grid, block, 0, stream>>>(pb, V, io);
+          forward_warp_kernel<N, S, 4, kModel0, 8><<<grid, block, 0, stream>>>(pb, V, io);
         check_cuda(cudaGetLastError(), "forward kernel launch");
         return;
       }
     }
     if (pb.tabulated) {
       if (two)
-        forward_warp_kernel<N, S, 2, true, 32><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 2, kTables, 32><<<grid, block, 0, stream>>>(pb, V, io);
       else
-        forward_warp_kernel<N, S, 1, true, 32><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 1, kTables, 32><<<grid, block, 0, stream>>>(pb, V, io);
     } else {
       if (two)
-        forward_warp_kernel<N, S, 2, false, 32><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 2, kModel0, 32><<<grid, block, 0, stream>>>(pb, V, io);
       else
-        forward_warp_kernel<N, S, 1, false, 32><<<grid, block, 0, stream>>>(pb, V, io);
+        forward_warp_kernel<N, S, 1, kModel0, 32><<<grid, block, 0, stream>>>(pb, V, io);
     }
     check_cuda(cudaGetLastError(), "forward kernel launch");
     return;
@@ -101,16 +115,20 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
   if (warp_adjoint<N, S>(pb, V)) {
     const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
     const bool two = warp_orders_per_lane(pb.K) == 2;
+    if constexpr (std::is_same<N, float>::value) {
+      if (pb.tabulated && !two && launch_vjp_pools<S>(pb, V, io, eg, out, state_scratch, table_scratch, stream))
+        return;
+    }
     if (pb.tabulated) {
       if (two)
-        vjp_warp_kernel<N, S, 2, true><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+        vjp_warp_kernel<N, S, 2, kTables><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
       else
-        vjp_warp_kernel<N, S, 1, true><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+        vjp_warp_kernel<N, S, 1, kTables><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
     } else {
       if (two)
-        vjp_warp_kernel<N, S, 2, false><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+        vjp_warp_kernel<N, S, 2, kModel0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
       else
-        vjp_warp_kernel<N, S, 1, false><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
+        vjp_warp_kernel<N, S, 1, kModel0><<<grid, block, 0, stream>>>(pb, V, io, eg, out, state_scratch, table_scratch);
     }
     check_cuda(cudaGetLastError(), "adjoint kernel launch");
     return;

@@ -125,7 +125,7 @@ struct VoxelGrad {
   BS_HD VoxelGrad() : r1(0), r2(0), m0(0), b1(0), b1phase(0), b0(0), inv(0), D(0), v(0) {}
 };
 
-// Event values of global event i (repetition i / E, event i % E).
+// Event values of event e of repetition rep (global event i = rep * E + e).
 template <class N>
 struct EventValues {
   int32_t action, record;
@@ -135,10 +135,9 @@ struct EventValues {
 };
 
 template <class N, class R>
-BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t i) {
+BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t rep, int64_t e) {
   EventValues<N> ev;
-  ev.e = i % pb.E;
-  const int64_t rep = i / pb.E;
+  ev.e = e;
   ev.action = pb.action[ev.e];
   ev.record = pb.record[ev.e];
   ev.last_rep = rep == pb.reps - 1;
@@ -147,6 +146,10 @@ BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t i) {
   ev.flip = fetch<N>(pb.flip, ev.e);
   ev.phase = fetch<N>(pb.phase, ev.e);
   return ev;
+}
+template <class N, class R>
+BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t i) {
+  return load_event<N>(pb, i / pb.E, i % pb.E);
 }
 
 // ---- states -------------------------------------------------------------------------------------------
@@ -469,8 +472,7 @@ template <class N>
 BS_HD Rotation<N> make_rotation(const N& alpha, const N& phi, bool complex_path) {
   using R = typename Num<N>::Real;
   Rotation<N> r;
-  r.ca = cos(alpha);
-  r.sa = sin(alpha);
+  sin_cos(alpha, r.sa, r.ca);
   r.c2 = (R(1) + r.ca) * R(0.5);
   r.s2 = (R(1) - r.ca) * R(0.5);
   r.half_sa = r.sa * R(0.5);

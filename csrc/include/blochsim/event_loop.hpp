@@ -216,8 +216,8 @@ template <class N, class S, class R>
 BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, const SampleIO<N>& io) {
   State<S> x = state_at(pb, work, 0);
   equilibrium_state<S, N>(pb, v, x);
-  const int64_t n = pb.E * pb.reps;
-  for (int64_t i = 0; i < n; ++i) step_forward(pb, v, t, load_event<N>(pb, i), x, &io);
+  for (int64_t rep = 0; rep < pb.reps; ++rep)
+    for (int64_t e = 0; e < pb.E; ++e) step_forward(pb, v, t, load_event<N>(pb, rep, e), x, &io);
 }
 
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
@@ -249,7 +249,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
       if (i + 1 < i1)
         step_forward(pb, v, t, ev, x, static_cast<const SampleIO<N>*>(nullptr), shift, pb.tabulated ? &keep : nullptr);
       else if (pb.tabulated && (ev.action & BS_INTERVAL))
-        keep_table_products<N>(pb, v, interval_row(pb, ev), x, keep);
+        relax_tables<false>(pb, v, interval_row(pb, ev), Interval<N>(), x, &keep);
     }
     for (int64_t i = i1 - 1; i >= i0; --i)
       step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
@@ -333,6 +333,14 @@ BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>
   }
 }
 
+// A voxel's tissue gradients in the ABI's order and units: times in ms, d/dT = d/d(rate) * d(rate)/dT.
+template <class N>
+BS_HD void tissue_gradients(const VoxelGrad<N>& g, const Voxel<N>& t, N per_param[BS_NUM_TISSUE]) {
+  const N all[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1, g.b1phase,
+                                g.b0, g.inv, g.D, g.v};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) per_param[j] = all[j];
+}
+
 struct Itself {
   template <class N>
   BS_HD N operator()(const N& x) const {
@@ -348,9 +356,8 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
   const Voxel<N> t = load_voxel<N>(pb, v);
   VoxelGrad<N> g;
   vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
-  // Times: d/dT = d/d(rate) * d(rate)/dT.
-  const N per_param[BS_NUM_TISSUE] = {g.r1 * drate_dms(t.t1_ms), g.r2 * drate_dms(t.t2_ms), g.m0, g.b1,
-                                      g.b1phase, g.b0, g.inv, g.D, g.v};
+  N per_param[BS_NUM_TISSUE];
+  tissue_gradients(g, t, per_param);
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {
     if (out.tissue[j]) out.tissue[j][v] = value_of(per_param[j]);
     if constexpr (Num<N>::P > 0) {

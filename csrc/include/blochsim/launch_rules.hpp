@@ -16,12 +16,52 @@ inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
 inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
 inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
 
-// The compile-time order count a launch uses: 32 (states in registers) for pool model 0 at a real number
-// type, else 0 (run-time K, states in device scratch). Dual types are not specialised: unrolled, their
-// kernels take ptxas minutes and spill anyway.
+// Pool model 0 with every order relaxing alike (no diffusion, flow or washout): the layout the register
+// kernels and the plain groups are compiled for (epg_device.cuh plain_layout). Their order loops then hold
+// no order-dependent branches: the real K = 32 thread kernel shrinks from about 21,000 instructions to
+// 1,600 (sm_90 SASS), its hot loop fitting the instruction cache.
+template <class R>
+inline bool plain_orders(const Problem<R>& pb) {
+  return !pb.tabulated && !pb.diffusion && !pb.flow && !pb.washout;
+}
+
+// Compile-time layouts of the warp and group kernels (epg_device.cuh apply_layout): pool model 0 with its
+// physics read at run time, the plain layout, pool tables with run-time pool counts, or pool tables with
+// nt transverse and nl longitudinal pools fixed (pools_layout(nt, nl)): the lane's states and the voxel's
+// tables then sit in registers, not in a local array indexed at run time.
+constexpr int kModel0 = 0, kPlain = 1, kTables = 2;
+constexpr int pools_layout(int nt, int nl) { return 16 * nt + nl; }
+constexpr int layout_nt(int layout) { return layout / 16; }
+constexpr int layout_nl(int layout) { return layout % 16; }
+constexpr bool tabulated_layout(int layout) { return layout >= kTables; }
+constexpr int layout_planes(int layout) {  // planes of a kernel's state array
+  return layout == kTables ? 3 * kMaxPools : layout > kTables ? 2 * layout_nt(layout) + layout_nl(layout) : 3;
+}
+
+// The pool counts compiled fixed (csrc/cuda/pools.cu), for the tabulated value forward in groups of 4
+// lanes and the tabulated float adjoint with a warp per voxel: semisolid only (1, 2), two exchanging pools
+// (2, 2), two pools and a semisolid (2, 3), four pools and a semisolid (4, 5). Others: kTables.
+template <class R>
+inline int fixed_pools_layout(const Problem<R>& pb) {
+  if (!pb.tabulated) return kModel0;
+  const int layout = pools_layout(pb.nt, pb.nl);
+  switch (layout) {
+    case pools_layout(1, 2):
+    case pools_layout(2, 2):
+    case pools_layout(2, 3):
+    case pools_layout(4, 5):
+      return layout;
+    default:
+      return kTables;
+  }
+}
+
+// The compile-time order count a launch uses: 32 (states in registers) for the plain layout at a real
+// number type, else 0 (run-time K and physics, states in device scratch). Dual types are not specialised:
+// unrolled, their kernels take ptxas minutes and spill anyway.
 template <class N, class R>
 inline int registers_layout(const Problem<R>& pb) {
-  return Num<N>::P == 0 && !pb.tabulated && pb.K == 32 ? 32 : 0;
+  return Num<N>::P == 0 && plain_orders(pb) && pb.K == 32 ? 32 : 0;
 }
 
 // Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) while the problem is small; the
@@ -56,7 +96,9 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (forced >= 0) return forced;
   if (V <= 3000) return 32;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
-  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 40000 ? 4 : 1;  // real path: a thread past 40k
+  // Real path: a thread past 40k voxels, where it holds its states in registers (plain_orders).
+  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 40000 || !plain_orders(pb) ? 4 : 1;
+  if (fixed_pools_layout(pb) != kTables) return 4;  // pools fixed at compile time: groups of 4
   return V <= 8000 ? 8 : 4;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }

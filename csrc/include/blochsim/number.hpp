@@ -158,6 +158,31 @@ using std::cos;
 using std::exp;
 using std::sin;
 
+// sin and cos of one angle: on the device one range reduction for both (sincosf).
+BS_HD void sin_cos(float a, float& s, float& c) {
+#ifdef __CUDA_ARCH__
+  sincosf(a, &s, &c);
+#else
+  s = std::sin(a);
+  c = std::cos(a);
+#endif
+}
+BS_HD void sin_cos(double a, double& s, double& c) {
+#ifdef __CUDA_ARCH__
+  sincos(a, &s, &c);
+#else
+  s = std::sin(a);
+  c = std::cos(a);
+#endif
+}
+template <class R, int P>
+BS_HD void sin_cos(const Dual<R, P>& a, Dual<R, P>& s, Dual<R, P>& c) {
+  R sv, cv;
+  sin_cos(a.v, sv, cv);
+  s = chain(a, sv, cv);
+  c = chain(a, cv, -sv);
+}
+
 // ---- complex numbers over N ----------------------------------------------------------------------
 template <class N>
 struct Cx {
@@ -206,7 +231,9 @@ BS_HD Cx<N> mul_i(const Cx<N>& a) {  // i * a
 }
 template <class N>
 BS_HD Cx<N> cis(const N& angle) {  // exp(i angle)
-  return Cx<N>(cos(angle), sin(angle));
+  Cx<N> z;
+  sin_cos(angle, z.im, z.re);
+  return z;
 }
 template <class N>
 BS_HD N re(const Cx<N>& a) {

@@ -142,7 +142,9 @@ BS_HD void apply_order_factors(const Interval<N>& c, const N* zeq, State<S> x, i
 
 // The interval of row d on x. With `keep`, the tables' products of every order are kept there too (the
 // adjoint's replay: step_adjoint then neither multiplies by the tables again nor recomputes them).
-template <class N, class S, class R>
+// APPLY = false: the products alone, x left as it is (the last event of a replayed stretch, whose state
+// after the event is not needed; c is not read).
+template <bool APPLY = true, class N, class S, class R>
 BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c, State<S> x,
                         const State<S>* keep = nullptr) {
   Tables<N> tb;
@@ -152,20 +154,7 @@ BS_HD void relax_tables(const Problem<R>& pb, int64_t v, int64_t d, const Interv
     S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
     order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
     if (keep) store_order(*keep, k, y, yp, ym);
-    apply_order_factors(c, tb.zeq, x, k, y, yp, ym);
-  }
-}
-
-// The products alone (the last event of a replayed stretch, whose state after the event is not needed).
-template <class N, class S, class R>
-BS_HD void keep_table_products(const Problem<R>& pb, int64_t v, int64_t d, State<S> x, State<S> keep) {
-  Tables<N> tb;
-  load_tables(pb, v, d, tb);
-  BS_UNROLL
-  for (int64_t k = 0; k < x.K; ++k) {
-    S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
-    order_products(tb, x, k, k + x.k0 == 0, y, yp, ym);
-    store_order(keep, k, y, yp, ym);
+    if constexpr (APPLY) apply_order_factors(c, tb.zeq, x, k, y, yp, ym);
   }
 }
 

@@ -1,0 +1,57 @@
+// Tabulated kernels with their pool counts fixed at compile time (launch_rules.hpp fixed_pools_layout): the
+// value forward in groups of 4 lanes and the float adjoint with a warp per voxel. A translation unit of
+// their own, so nvcc builds them beside the other passes.
+#include "passes.cuh"
+
+namespace bs {
+
+template <class S, int LAYOUT>
+void forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((V * 4 + 127) / 128)), block(128);
+  forward_warp_kernel<float, S, 8, LAYOUT, 4><<<grid, block, 0, stream>>>(pb, V, io);
+  check_cuda(cudaGetLastError(), "forward kernel launch");
+}
+
+template <class S, int LAYOUT>
+void vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
+               const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
+  vjp_warp_kernel<float, S, 1, LAYOUT><<<grid, block, 0, stream>>>(pb, V, io, eg, out, scratch, table_scratch);
+  check_cuda(cudaGetLastError(), "adjoint kernel launch");
+}
+
+template <class S>
+bool launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream) {
+  if (pb.K > 32) return false;  // 8 orders per lane
+  switch (fixed_pools_layout(pb)) {
+    case pools_layout(1, 2): forward_pools<S, pools_layout(1, 2)>(pb, V, io, stream); return true;
+    case pools_layout(2, 2): forward_pools<S, pools_layout(2, 2)>(pb, V, io, stream); return true;
+    case pools_layout(2, 3): forward_pools<S, pools_layout(2, 3)>(pb, V, io, stream); return true;
+    case pools_layout(4, 5): forward_pools<S, pools_layout(4, 5)>(pb, V, io, stream); return true;
+    default: return false;
+  }
+}
+
+template <class S>
+bool launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
+                      const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream) {
+  if (pb.K > 32) return false;  // an order per lane
+  switch (fixed_pools_layout(pb)) {
+    case pools_layout(1, 2): vjp_pools<S, pools_layout(1, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
+    case pools_layout(2, 2): vjp_pools<S, pools_layout(2, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
+    case pools_layout(2, 3): vjp_pools<S, pools_layout(2, 3)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
+    case pools_layout(4, 5): vjp_pools<S, pools_layout(4, 5)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
+    default: return false;
+  }
+}
+
+template bool launch_forward_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
+template bool launch_forward_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
+template bool launch_vjp_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&,
+                                      const DeviceEventGrad<float>&, const GradOut<float>&, float*, float*,
+                                      cudaStream_t);
+template bool launch_vjp_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&,
+                                          const DeviceEventGrad<float>&, const GradOut<float>&, Cx<float>*, float*,
+                                          cudaStream_t);
+
+}  // namespace bs
