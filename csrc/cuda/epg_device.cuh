@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include "blochsim/layouts.hpp"
 #include "blochsim/unpack.hpp"
 
 namespace bs {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "blochsim/event_loop.hpp"
+#include "blochsim/layouts.hpp"
 
 namespace bs {
 
@@ -23,19 +24,6 @@ inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V);
 template <class R>
 inline bool plain_orders(const Problem<R>& pb) {
   return !pb.tabulated && !pb.diffusion && !pb.flow && !pb.washout;
-}
-
-// Compile-time layouts of the warp and group kernels (epg_device.cuh apply_layout): pool model 0 with its
-// physics read at run time, the plain layout, pool tables with run-time pool counts, or pool tables with
-// nt transverse and nl longitudinal pools fixed (pools_layout(nt, nl)): the lane's states and the voxel's
-// tables then sit in registers, not in a local array indexed at run time.
-constexpr int kModel0 = 0, kPlain = 1, kTables = 2;
-constexpr int pools_layout(int nt, int nl) { return 16 * nt + nl; }
-constexpr int layout_nt(int layout) { return layout / 16; }
-constexpr int layout_nl(int layout) { return layout % 16; }
-constexpr bool tabulated_layout(int layout) { return layout >= kTables; }
-constexpr int layout_planes(int layout) {  // planes of a kernel's state array
-  return layout == kTables ? 3 * kMaxPools : layout > kTables ? 2 * layout_nt(layout) + layout_nl(layout) : 3;
 }
 
 // The pool counts compiled fixed (csrc/cuda/pools.cu), for the tabulated value forward in groups of 4
@@ -94,11 +82,14 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced ? forced : 1;
   if (forced >= 0) return forced;
+  // Pools fixed at compile time: groups of 4 at any size (H200, 2026-12-03, ms lanes4 / lanes8 with run-time
+  // pools: pooled 5k 0.50/1.50, 20k 0.69/6.17, 50k 1.41/13.0; pooled5 5k 1.57/5.09, 20k 3.88/25.0, 50k
+  // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
+  if (groups && fixed_pools_layout(pb) > kTables) return 4;
   if (V <= 3000) return 32;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
   // Real path: a thread past 40k voxels, where it holds its states in registers (plain_orders).
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 40000 || !plain_orders(pb) ? 4 : 1;
-  if (fixed_pools_layout(pb) != kTables) return 4;  // pools fixed at compile time: groups of 4
   return V <= 8000 ? 8 : 4;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
@@ -110,10 +101,15 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // Tabulated, thread/warp ms (2026-12-03): pooled_grad 2k 38.9/12.2, 20k 83.7/97.8; pooled5_grad 2k
 // 116/24.3, 20k 260/202; pooled_hvp 2k 139/85, 20k 302/484; pooledb_hvp 2k 107/77, 20k 247/448: warp up to
 // 6,000 voxels (the dual ones cross near 6k; pooled5_grad, still faster by warp at 20k, is rarely that big).
+// With the pool counts fixed at compile time (float adjoint, up to 32 orders: pools.cu), warp/thread ms
+// (2026-12-03): pooled_grad 2k 4.56/39.3, 20k 26.8/83.4; pooled5_grad 2k 7.88/117, 20k 62.5/259: warp up to
+// 20,000 voxels (measured no further).
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
   if (forced_mapping() >= 0) return forced_mapping() == 32;
+  if (pb.tabulated && std::is_same<N, float>::value && pb.K <= 32 && fixed_pools_layout(pb) > kTables)
+    return V <= 20000;
   if (pb.tabulated) return V <= 6000;
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }
