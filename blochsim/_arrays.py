@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 __all__ = ["library_of", "first_library", "to_tensor", "to_library", "is_array", "as_number", "broadcast_shapes",
-           "differentiated", "transformed", "LastResult"]
+           "differentiated", "transformed", "reverse_jvps", "LastResult"]
 
 
 def library_of(value) -> str | None:
@@ -178,3 +178,36 @@ class LastResult:
     def keep(self, key, value) -> None:
         if key is not None:
             self.key, self.refs, self.value = key[0], [weakref.ref(v) for v in key[1]], value
+
+
+def reverse_jvps(outputs, leaves, differentiable: bool) -> list:
+    """Per leaf, the Jacobian-vector products of `outputs` along that leaf in the direction of ones:
+    `result[j][i]` for output i and leaf j (None where output i does not depend on leaf j).
+
+    Two reverse passes (the "double-vjp" identity: u -> J^T u is linear in u, so its own vjp with the
+    direction is J v), with scalar outputs throughout; complex outputs are probed through real views. Used
+    instead of forward-mode AD: in torch 2.13 a dual tensor times a Python number runs a Python reference
+    whose first use imports torch._dynamo (seconds), and autograd.grad given `grad_outputs` imports sympy.
+    The leaves must require grad and the outputs be computed from them with grad enabled.
+    `differentiable`: the products keep their graph (something else the outputs depend on requires grad).
+    """
+    result = [[None] * len(outputs) for _ in leaves]
+    live = [i for i, t in enumerate(outputs) if t is not None and t.requires_grad]
+    if not live:
+        return result
+    with torch.enable_grad():
+        flat = [torch.view_as_real(outputs[i]) if outputs[i].is_complex() else outputs[i] for i in live]
+        probes = [torch.zeros_like(f, requires_grad=True) for f in flat]
+        inner = sum((f * u).sum() for f, u in zip(flat, probes, strict=True))
+        pulled = torch.autograd.grad(inner, list(leaves), create_graph=True, allow_unused=True)
+        for j, p in enumerate(pulled):
+            if p is None or not p.requires_grad:  # output independent of this leaf
+                continue
+            pushed = torch.autograd.grad(p.sum(), probes, create_graph=differentiable, retain_graph=True,
+                                         allow_unused=True)
+            for i, t in zip(live, pushed, strict=True):
+                if t is not None and outputs[i].is_complex():
+                    t = torch.view_as_complex(t.contiguous())
+                result[j][i] = t
+    return result
+

@@ -28,7 +28,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from . import _native as nat
-from ._arrays import as_number, first_library, library_of, to_library, to_tensor
+from ._arrays import as_number, first_library, library_of, reverse_jvps, to_library, to_tensor
 from ._errors import check_device, missing_property, nearest, unknown_name
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
@@ -641,16 +641,25 @@ class Simulator:
             _JACOBIAN.reset(token)
 
     def _closed_form_jacobian(self, names, properties, sequence):
+        """Columns by two reverse passes through `evaluate` (`reverse_jvps`; forward mode would import
+        torch._dynamo on its first use: 2.5 s for a first SPGR Jacobian)."""
         shapes = [tuple(v.shape) for v in properties.values()]
         voxel_ndim = max((len(s) for s in shapes), default=0)
-        signal, columns = None, []
-        for name in names:
-            with fwAD.dual_level():
-                dual = dict(properties)
-                dual[name] = fwAD.make_dual(properties[name], torch.ones_like(properties[name]))
-                primal, tangent = fwAD.unpack_dual(self.evaluate(dual, **dict(sequence)))
-            signal = primal if signal is None else signal
-            columns.append(torch.zeros_like(primal) if tangent is None else tangent)
+        sequence = dict(sequence)
+        differentiable = torch.is_grad_enabled() and any(
+            isinstance(v, torch.Tensor) and v.requires_grad for v in [*properties.values(), *sequence.values()])
+        with torch.enable_grad():
+            inputs = dict(properties)
+            for name in dict.fromkeys(names):
+                x = properties[name]
+                inputs[name] = x.view_as(x) if x.requires_grad else x.detach().requires_grad_()
+            signal = self.evaluate(inputs, **sequence)
+            unique = list(dict.fromkeys(names))
+            tangents = reverse_jvps([signal], [inputs[n] for n in unique], differentiable)
+        by_name = {n: t[0] for n, t in zip(unique, tangents, strict=True)}
+        columns = [torch.zeros_like(signal) if by_name[n] is None else by_name[n] for n in names]
+        if not differentiable:
+            signal, columns = signal.detach(), [c.detach() for c in columns]
         axis = -2 if signal.dim() > voxel_ndim else -1
         return signal, torch.stack(columns, axis), axis
 

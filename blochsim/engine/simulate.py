@@ -8,7 +8,7 @@ import math
 import torch
 
 from .. import _native as nat
-from .._arrays import LastResult
+from .._arrays import LastResult, reverse_jvps
 from . import kernels as K
 from .functions import EpgJacobian, EpgSimulate
 from .pools import interval_rows, pool_model, pool_tables
@@ -204,38 +204,16 @@ def jacobian(
 
 
 def _table_tangents(program, tissue, name, dtype, fields, differentiable, bind_kwargs) -> list:
-    """The pool tables' tangents along tissue field `name` (None where a table does not move).
-
-    Two reverse passes give the Jacobian-vector product (the "double-vjp" identity: the vector-Jacobian
-    product u -> J^T u is linear in u, so its own vjp with the direction is J v), through the table
-    construction. Forward-mode autograd would do it in one pass, but in torch 2.13 a dual tensor times a
-    Python number runs a Python reference whose first use imports torch._dynamo (about 5 s, once per process).
-    `differentiable`: the tangents keep their graph (a Jacobian inside a derivative: some kernel input
-    requires grad).
-    """
+    """The pool tables' tangents along tissue field `name` (None where a table does not move), by two
+    reverse passes through the table construction (`reverse_jvps`: forward-mode AD would import
+    torch._dynamo on its first use, about 5 s). `differentiable`: the tangents keep their graph (a Jacobian
+    inside a derivative: some kernel input requires grad)."""
     value = getattr(tissue, name)
     base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
     with torch.enable_grad():
         x = base.view_as(base) if base.requires_grad else base.detach().requires_grad_()
         _, moved, _ = bind(program, dataclasses.replace(tissue, **{name: x}), dtype, active=fields, **bind_kwargs)
-        tables = list(moved[K.TABLE_START:])
-        live = [i for i, t in enumerate(tables) if t is not None and t.requires_grad]
-        out = [None] * len(tables)
-        if not live:
-            return out
-        # Scalar outputs throughout: autograd.grad given grad_outputs imports sympy on first use (about 2 s).
-        flat = [torch.view_as_real(tables[i]) if tables[i].is_complex() else tables[i] for i in live]
-        probes = [torch.zeros_like(f, requires_grad=True) for f in flat]
-        inner = sum((f * u).sum() for f, u in zip(flat, probes, strict=True))
-        (pulled,) = torch.autograd.grad(inner, x, create_graph=True, allow_unused=True)
-        if pulled is None or not pulled.requires_grad:
-            return out
-        pushed = torch.autograd.grad(pulled.sum(), probes, create_graph=differentiable, allow_unused=True)
-    for i, t in zip(live, pushed, strict=True):
-        if t is not None and tables[i].is_complex():
-            t = torch.view_as_complex(t.contiguous())
-        out[i] = t
-    return out
+        return reverse_jvps(list(moved[K.TABLE_START:]), [x], differentiable)[0]
 
 
 def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
