@@ -341,14 +341,19 @@ from blochsim.sequence import TissueProperties, mrf_description
 pools = dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0,
              bound_fraction=0.1, bound_exchange_hz=4.3, t1_bound_ms=1000.0) if sys.argv[1] == "pools" else {}
 flips = torch.tensor([0.3, 0.5], requires_grad=True)
-tissue = TissueProperties(t1_ms=torch.tensor([800.0]), t2_ms=60.0, **pools)
-_, J = jacobian(mrf_description(flips, 0.01), tissue, ("t1_ms", "t1_pool_b_ms" if pools else "t2_ms"))
+if sys.argv[1] == "closed form":
+    from blochsim.simulators.spgr import SPGRSimulator
+    _, J = SPGRSimulator(TR=10.0, TE=4.0).jacobian(("T1", "T2star"), flip=flips, T1=torch.tensor([800.0]),
+                                                   T2star=40.0)
+else:
+    tissue = TissueProperties(t1_ms=torch.tensor([800.0]), t2_ms=60.0, **pools)
+    _, J = jacobian(mrf_description(flips, 0.01), tissue, ("t1_ms", "t1_pool_b_ms" if pools else "t2_ms"))
 torch.autograd.grad(J.abs().square().sum(), flips)
 print(any(m in sys.modules for m in ("torch._decomp.decompositions_for_jvp", "torch._dynamo", "sympy")))
 """
 
 
-@pytest.mark.parametrize("pools", ["free water", "pools"])
+@pytest.mark.parametrize("pools", ["free water", "pools", "closed form"])
 def test_jacobian_does_not_load_forward_mode_decompositions(pools):
     """DESIGN.md section 4: structural derivatives of the package's bookkeeping are taken in reverse mode, "so a
     simulation never makes PyTorch register its forward-mode decompositions". Checked in a fresh process, with
