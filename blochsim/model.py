@@ -648,13 +648,13 @@ class Simulator:
         sequence = dict(sequence)
         differentiable = torch.is_grad_enabled() and any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in [*properties.values(), *sequence.values()])
+        unique = list(dict.fromkeys(names))
         with torch.enable_grad():
             inputs = dict(properties)
-            for name in dict.fromkeys(names):
+            for name in unique:
                 x = properties[name]
                 inputs[name] = x.view_as(x) if x.requires_grad else x.detach().requires_grad_()
             signal = self.evaluate(inputs, **sequence)
-            unique = list(dict.fromkeys(names))
             tangents = reverse_jvps([signal], [inputs[n] for n in unique], differentiable)
         by_name = {n: t[0] for n, t in zip(unique, tangents, strict=True)}
         columns = [torch.zeros_like(signal) if by_name[n] is None else by_name[n] for n in names]

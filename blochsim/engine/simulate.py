@@ -203,17 +203,20 @@ def jacobian(
     return apply_t2_prime(program, tissue.t2_prime_ms, signal, jac, fields)
 
 
-def _table_tangents(program, tissue, name, dtype, fields, differentiable, bind_kwargs) -> list:
-    """The pool tables' tangents along tissue field `name` (None where a table does not move), by two
-    reverse passes through the table construction (`reverse_jvps`: forward-mode AD would import
-    torch._dynamo on its first use, about 5 s). `differentiable`: the tangents keep their graph (a Jacobian
-    inside a derivative: some kernel input requires grad)."""
-    value = getattr(tissue, name)
-    base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+def _table_tangents(program, tissue, names, dtype, fields, differentiable, bind_kwargs) -> dict:
+    """Per tissue field of `names`, the pool tables' tangents along it (None where a table does not
+    move): one table construction with every such field a leaf, then two reverse passes (`reverse_jvps`:
+    forward-mode AD would import torch._dynamo on its first use, about 5 s). `differentiable`: the tangents
+    keep their graph (a Jacobian inside a derivative: some kernel input requires grad)."""
+    leaves = {}
+    for name in names:
+        value = getattr(tissue, name)
+        base = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+        leaves[name] = base.view_as(base) if base.requires_grad else base.detach().requires_grad_()
     with torch.enable_grad():
-        x = base.view_as(base) if base.requires_grad else base.detach().requires_grad_()
-        _, moved, _ = bind(program, dataclasses.replace(tissue, **{name: x}), dtype, active=fields, **bind_kwargs)
-        return reverse_jvps(list(moved[K.TABLE_START:]), [x], differentiable)[0]
+        _, moved, _ = bind(program, dataclasses.replace(tissue, **leaves), dtype, active=fields, **bind_kwargs)
+        per_leaf = reverse_jvps(list(moved[K.TABLE_START:]), list(leaves.values()), differentiable)
+    return dict(zip(leaves, per_leaf, strict=True))
 
 
 def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
@@ -224,6 +227,10 @@ def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
     """
     direct = {name: K.NUM_EVENT_INPUTS + i for i, name in enumerate(nat.TISSUE_PARAMS)}
     differentiable = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    through_tables = [name for name in dict.fromkeys(fields) if name != "t2_prime_ms"
+                      and (direct.get(name) is None or inputs[K.TABLE_START] is not None)]
+    tables = (_table_tangents(program, tissue, through_tables, dtype, fields, differentiable, bind_kwargs)
+              if through_tables else {})
     columns = []
     for name in fields:
         column = [None] * len(inputs)
@@ -233,8 +240,8 @@ def _tangents(program, tissue, dtype, inputs, fields, **bind_kwargs) -> list:
         index = direct.get(name)
         if index is not None:
             column[index] = torch.ones_like(inputs[index])
-        if index is None or inputs[K.TABLE_START] is not None:
-            column[K.TABLE_START:] = _table_tangents(program, tissue, name, dtype, fields, differentiable, bind_kwargs)
+        if name in tables:
+            column[K.TABLE_START:] = tables[name]
         columns.append(column)
     tangents = []
     for i, x in enumerate(inputs):

@@ -1,9 +1,9 @@
-// Device kernels: the host's event loop (csrc/include/blochsim), compiled by nvcc, one thread per voxel.
+// Device kernels: the host's event loop (csrc/include/blochsim), compiled by nvcc: a thread, a group of 4
+// or 8 lanes, or a warp per voxel (launch_rules.hpp chooses).
 //
-// Layout: a thread simulates one voxel. For pool model 0 at K = 8, 16 or 32 orders the problem's order
-// count, pool counts and layout are made compile-time constants in the kernel, so the state arrays live in
-// registers (the loops over orders unroll); any other K and the tabulated layouts keep their states in
-// device scratch. Adjoints keep their replay buffer and checkpoints (every stride-th state) in device
+// Thread per voxel: for the plain layout at K = 32 (plain_layout) the order count, pool counts and physics
+// switches are compile-time constants, so the state arrays live in registers (the loops over orders
+// unroll); any other K and the tabulated layouts keep their states in device scratch. Adjoints keep their replay buffer and checkpoints (every stride-th state) in device
 // scratch, and sum event-value gradients over voxels with a warp reduction and one atomic per warp.
 #pragma once
 
@@ -66,15 +66,16 @@ struct DeviceEventGrad {
   }
 };
 
-// Model 0 with every order relaxing alike (no diffusion, flow or washout: plain_orders) as compile-time
-// facts, so the order loops lose their order-dependent branches (launches take these kernels only for such
-// problems).
+// Pool model 0 as a compile-time fact (one pool, no tables); physics still read at run time.
 template <class R>
 __device__ __forceinline__ void model0_layout(Problem<R>& pb) {
   pb.nt = 1;
   pb.nl = 1;
   pb.tabulated = false;
 }
+// Model 0 with every order relaxing alike (no diffusion, flow or washout: plain_orders) as compile-time
+// facts, so the order loops lose their order-dependent branches (launches take these kernels only for such
+// problems).
 template <class R>
 __device__ __forceinline__ void plain_layout(Problem<R>& pb) {
   model0_layout(pb);

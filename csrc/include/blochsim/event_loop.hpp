@@ -348,7 +348,7 @@ struct Itself {
   }
 };
 
-// The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg. `table_acc`
+// The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg. `tg`
 // holds the voxel's table cotangents (table_grad_at).
 template <class N, class S, class R, class EG>
 BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, TableGrad<N> tg,
