@@ -143,6 +143,29 @@ def test_order_dependent_physics_matches_host(states, pools, mapping):
     assert all(rel(g, c) < 1e-4 for g, c in zip(gpu[1:], cpu[1:], strict=True))
 
 
+@pytest.mark.parametrize("b1", ("map", "one value"))
+@pytest.mark.parametrize("quadratic", (False, True))
+@pytest.mark.parametrize("states", (10, 32))
+def test_block_decoded_events_match_host(b1, quadratic, states, mapping):
+    """The value forward decodes its events per block, 64 at a time (epg_device.cuh for_each_event), and
+    forms each pulse once where B1 and its phase are one value for every voxel: a train of 150 events
+    played twice (five chunks, the last partial, across the repetitions' seam), with B1 (and on the complex
+    path its phase) per voxel or one value for all, held to the host."""
+    flips, phases = train(n=150, quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    out = {}
+    for device in ("cpu", "cuda"):
+        t = tissue(device, n=301, b0=quadratic)
+        n = t.t1_ms.numel()
+        extra = {"b1": torch.linspace(0.7, 1.2, n) if b1 == "map" else torch.tensor(0.85)}
+        if quadratic:
+            extra["b1_phase_rad"] = torch.linspace(-0.3, 0.4, n) if b1 == "map" else torch.tensor(0.2)
+        t = TissueProperties(**dict(t.items()), **{k: v.to(device) for k, v in extra.items()})
+        out[device] = engine.simulate(d, t, states=states, repetitions=2)
+    assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+
+
 def test_results_stay_on_the_device_and_odd_voxel_counts_work(mapping):
     flips, _ = train(n=12)
     d = mrf_description(flips, 0.01)

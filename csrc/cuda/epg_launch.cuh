@@ -12,12 +12,12 @@ inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-// The kernels with pool counts fixed at compile time (pools.cu): launch the problem's where its layout is
-// compiled (launch_rules.hpp fixed_pools_layout) and return true, else false.
+// The kernels with pool counts fixed at compile time (pools.cu), for problems they take
+// (launch_rules.hpp fixed_pools).
 template <class S>
-bool launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream);
+void launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream);
 template <class S>
-bool launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
+void launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
                       const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream);
 
 template <class N, class S, class R>
@@ -32,7 +32,10 @@ void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void
     if constexpr (std::is_same<N, float>::value) {  // groups: the value forward
       if (lanes == 4 || lanes == 8) {
         const bool plain = plain_orders(pb);
-        if (lanes == 4 && pb.tabulated && launch_forward_pools<S>(pb, V, io, stream)) return;
+        if (lanes == 4 && fixed_pools<N>(pb)) {
+          launch_forward_pools<S>(pb, V, io, stream);
+          return;
+        }
         if (lanes == 4 && pb.tabulated)
           forward_warp_kernel<N, S, 8, kTables, 4><<<grid, block, 0, stream>>>(pb, V, io);
         else if (lanes == 4 && plain)
@@ -116,8 +119,10 @@ void launch_vjp(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, const bs
     const dim3 grid(static_cast<unsigned>((V + 3) / 4)), block(128);  // four voxels per block
     const bool two = warp_orders_per_lane(pb.K) == 2;
     if constexpr (std::is_same<N, float>::value) {
-      if (pb.tabulated && !two && launch_vjp_pools<S>(pb, V, io, eg, out, state_scratch, table_scratch, stream))
+      if (fixed_pools<N>(pb)) {
+        launch_vjp_pools<S>(pb, V, io, eg, out, state_scratch, table_scratch, stream);
         return;
+      }
     }
     if (pb.tabulated) {
       if (two)

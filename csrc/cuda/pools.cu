@@ -21,36 +21,34 @@ void vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, c
 }
 
 template <class S>
-bool launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream) {
-  if (pb.K > 32) return false;  // 8 orders per lane
+void launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream) {
   switch (fixed_pools_layout(pb)) {
-    case pools_layout(1, 2): forward_pools<S, pools_layout(1, 2)>(pb, V, io, stream); return true;
-    case pools_layout(2, 2): forward_pools<S, pools_layout(2, 2)>(pb, V, io, stream); return true;
-    case pools_layout(2, 3): forward_pools<S, pools_layout(2, 3)>(pb, V, io, stream); return true;
-    case pools_layout(4, 5): forward_pools<S, pools_layout(4, 5)>(pb, V, io, stream); return true;
-    default: return false;
+    case pools_layout(1, 2): forward_pools<S, pools_layout(1, 2)>(pb, V, io, stream); return;
+    case pools_layout(2, 2): forward_pools<S, pools_layout(2, 2)>(pb, V, io, stream); return;
+    case pools_layout(2, 3): forward_pools<S, pools_layout(2, 3)>(pb, V, io, stream); return;
+    case pools_layout(4, 5): forward_pools<S, pools_layout(4, 5)>(pb, V, io, stream); return;
+    default: throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
   }
 }
 
 template <class S>
-bool launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
+void launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
                       const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream) {
-  if (pb.K > 32) return false;  // an order per lane
   switch (fixed_pools_layout(pb)) {
-    case pools_layout(1, 2): vjp_pools<S, pools_layout(1, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
-    case pools_layout(2, 2): vjp_pools<S, pools_layout(2, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
-    case pools_layout(2, 3): vjp_pools<S, pools_layout(2, 3)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
-    case pools_layout(4, 5): vjp_pools<S, pools_layout(4, 5)>(pb, V, io, eg, out, scratch, table_scratch, stream); return true;
-    default: return false;
+    case pools_layout(1, 2): vjp_pools<S, pools_layout(1, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
+    case pools_layout(2, 2): vjp_pools<S, pools_layout(2, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
+    case pools_layout(2, 3): vjp_pools<S, pools_layout(2, 3)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
+    case pools_layout(4, 5): vjp_pools<S, pools_layout(4, 5)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
+    default: throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
   }
 }
 
-template bool launch_forward_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
-template bool launch_forward_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
-template bool launch_vjp_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&,
+template void launch_forward_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
+template void launch_forward_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);
+template void launch_vjp_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&,
                                       const DeviceEventGrad<float>&, const GradOut<float>&, float*, float*,
                                       cudaStream_t);
-template bool launch_vjp_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&,
+template void launch_vjp_pools<Cx<float>>(const Problem<float>&, int64_t, const SampleIO<float>&,
                                           const DeviceEventGrad<float>&, const GradOut<float>&, Cx<float>*, float*,
                                           cudaStream_t);
 

@@ -125,13 +125,21 @@ struct VoxelGrad {
   BS_HD VoxelGrad() : r1(0), r2(0), m0(0), b1(0), b1phase(0), b0(0), inv(0), D(0), v(0) {}
 };
 
-// Event values of event e of repetition rep (global event i = rep * E + e).
+template <class N>
+struct Rotation;
+
+// Event values of event e of repetition rep (global event i = rep * E + e). `rotation` and `turn`, where
+// set, hold what every voxel would compute alike: the RF rotation (B1 uniform over the voxels) and the ADC's
+// demodulation cis(-phase) (the device's block-decoded events, epg_device.cuh); null: each voxel computes
+// its own.
 template <class N>
 struct EventValues {
   int32_t action, record;
   bool last_rep, wrap;
   int64_t e;
   N dt, flip, phase;
+  const Rotation<N>* rotation = nullptr;
+  const Cx<N>* turn = nullptr;
 };
 
 template <class N, class R>
@@ -467,6 +475,9 @@ template <class N>
 struct Rotation {
   N ca, sa, c2, s2, half_sa;
   Cx<N> e1, e2;  // exp(i phi), exp(2 i phi)
+  // The complex path's coefficients as products, formed once per pulse: e2 s2, e1 sa, e1 sa / 2 (a third
+  // fewer operations per order than forming them in the loop).
+  Cx<N> e2s2, e1sa, e1hs;
 };
 template <class N>
 BS_HD Rotation<N> make_rotation(const N& alpha, const N& phi, bool complex_path) {
@@ -479,6 +490,9 @@ BS_HD Rotation<N> make_rotation(const N& alpha, const N& phi, bool complex_path)
   if (complex_path) {
     r.e1 = cis(phi);
     r.e2 = r.e1 * r.e1;
+    r.e2s2 = r.e2 * r.s2;
+    r.e1sa = r.e1 * r.sa;
+    r.e1hs = r.e1 * r.half_sa;
   }
   return r;
 }
@@ -488,9 +502,9 @@ BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<N>& r) {
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const Cx<N> P = x.p[k], M = x.m[k], Z = x.z[k];
-    x.p[k] = P * r.c2 + r.e2 * (M * r.s2) - mul_i(r.e1 * (Z * r.sa));
-    x.m[k] = conj(r.e2) * (P * r.s2) + M * r.c2 + mul_i(conj(r.e1) * (Z * r.sa));
-    x.z[k] = mul_i(r.e1 * (M * r.half_sa) - conj(r.e1) * (P * r.half_sa)) + Z * r.ca;
+    x.p[k] = P * r.c2 + r.e2s2 * M - mul_i(r.e1sa * Z);
+    x.m[k] = conj(r.e2s2) * P + M * r.c2 + mul_i(conj(r.e1sa) * Z);
+    x.z[k] = mul_i(r.e1hs * M - conj(r.e1hs) * P) + Z * r.ca;
   }
 }
 // x: state before the rotation. Adds d/d alpha and d/d phi.

@@ -44,6 +44,13 @@ inline int fixed_pools_layout(const Problem<R>& pb) {
   }
 }
 
+// Whether the fixed-pool kernels (pools.cu) take the problem: a compiled pool layout at a float number type
+// and up to 32 orders (8 per lane in a group of 4 forward, one per lane in the warp adjoint).
+template <class N, class R>
+inline bool fixed_pools(const Problem<R>& pb) {
+  return std::is_same<N, float>::value && pb.K <= 32 && fixed_pools_layout(pb) > kTables;
+}
+
 // The compile-time order count a launch uses: 32 (states in registers) for the plain layout at a real
 // number type, else 0 (run-time K and physics, states in device scratch). Dual types are not specialised:
 // unrolled, their kernels take ptxas minutes and spill anyway.
@@ -85,7 +92,7 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   // Pools fixed at compile time: groups of 4 at any size (H200, 2026-12-03, ms lanes4 / lanes8 with run-time
   // pools: pooled 5k 0.50/1.50, 20k 0.69/6.17, 50k 1.41/13.0; pooled5 5k 1.57/5.09, 20k 3.88/25.0, 50k
   // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
-  if (groups && fixed_pools_layout(pb) > kTables) return 4;
+  if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
   // Real path: a thread past 40k voxels, where it holds its states in registers (plain_orders).
@@ -108,8 +115,7 @@ template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
   if (forced_mapping() >= 0) return forced_mapping() == 32;
-  if (pb.tabulated && std::is_same<N, float>::value && pb.K <= 32 && fixed_pools_layout(pb) > kTables)
-    return V <= 20000;
+  if (fixed_pools<N>(pb)) return V <= 20000;
   if (pb.tabulated) return V <= 6000;
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }

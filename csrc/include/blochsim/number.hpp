@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "blochsim/portability.hpp"
 
@@ -158,18 +159,15 @@ using std::cos;
 using std::exp;
 using std::sin;
 
-// sin and cos of one angle: on the device one range reduction for both (sincosf).
-BS_HD void sin_cos(float a, float& s, float& c) {
+// sin and cos of one angle (float or double): on the device one range reduction for both (sincosf, sincos).
+// (The Dual overload below is the more specialised for dual numbers.)
+template <class R>
+BS_HD void sin_cos(R a, R& s, R& c) {
 #ifdef __CUDA_ARCH__
-  sincosf(a, &s, &c);
-#else
-  s = std::sin(a);
-  c = std::cos(a);
-#endif
-}
-BS_HD void sin_cos(double a, double& s, double& c) {
-#ifdef __CUDA_ARCH__
-  sincos(a, &s, &c);
+  if constexpr (std::is_same<R, float>::value)
+    sincosf(a, &s, &c);
+  else
+    sincos(a, &s, &c);
 #else
   s = std::sin(a);
   c = std::cos(a);

@@ -6,7 +6,9 @@
 // Loops over EPG orders unroll fully where the device kernel fixes the order count at compile time,
 // so a voxel's states stay in registers; elsewhere the hint is harmless.
 #define BS_UNROLL _Pragma("unroll")
+#define BS_NO_UNROLL _Pragma("unroll 1")
 #else
 #define BS_HD inline __attribute__((always_inline))
 #define BS_UNROLL
+#define BS_NO_UNROLL
 #endif

@@ -115,6 +115,15 @@ BS_HD void store_order(State<S> x, int64_t k, const S* y, const S* yp, const S* 
   }
 }
 
+template <class S>
+BS_HD void load_order(State<S> x, int64_t k, S* y, S* yp, S* ym) {  // store_order's inverse
+  for (int q = 0; q < x.nl; ++q) y[q] = x.z(q)[k];
+  for (int p = 0; p < x.nt; ++p) {
+    yp[p] = x.fp(p)[k];
+    ym[p] = x.fm(p)[k];
+  }
+}
+
 // The interval's order factors and washout on the products of order k (order_products), into x.
 // Without diffusion, flow and washout the tables are the whole interval: the factors are 1.
 template <class N>
@@ -166,11 +175,7 @@ BS_HD void relax_from_products(const Problem<R>& pb, int64_t v, const Interval<N
   BS_UNROLL
   for (int64_t k = 0; k < x.K; ++k) {
     S y[kMaxPools], yp[kMaxPools], ym[kMaxPools];
-    for (int q = 0; q < x.nl; ++q) y[q] = kept.z(q)[k];
-    for (int p = 0; p < x.nt; ++p) {
-      yp[p] = kept.fp(p)[k];
-      ym[p] = kept.fm(p)[k];
-    }
+    load_order(kept, k, y, yp, ym);
     apply_order_factors(c, zeq, x, k, y, yp, ym);
   }
 }
