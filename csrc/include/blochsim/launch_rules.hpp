@@ -68,6 +68,8 @@ inline int registers_layout(const Problem<R>& pb) {
 // 25.9/63.7/21.3/24.7; pooled5 5k 13.9/7.80/5.17/4.83, 20k 32.7/28.2/20.5/24.8. A warp does 32x the
 // per-event work of a thread per voxel; a thread holds all 32 orders and spills (complex path) or keeps
 // its states in device scratch (tables); a group amortises the per-event work over 4 or 8 orders.
+// With the events decoded per block (epg_device.cuh for_each_event), 2026-12-03, thread / lanes4 ms: real
+// 20k 1.15/1.02, 100k 3.05/3.83, 1M 28.9/35.1; complex 20k 3.65/2.24 (lanes8 2.25), 100k 11.1/9.34 (9.59).
 // BLOCHSIM_CUDA_MAPPING=thread|warp|lanes4|lanes8 forces one (where it applies), so benchmarks can compare.
 // -1: not forced; else the lanes per voxel (1: a thread).
 inline int forced_mapping() {
