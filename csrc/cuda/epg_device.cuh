@@ -166,15 +166,16 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
   }
 }
 
-// Threads past the last voxel (the last block's padding) replay it and write nothing: they take part in
-// the block's event decoding. The real register kernel (K = 32) is held to 168 registers, three blocks per
-// multiprocessor: 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two.
+// Threads past the last voxel (the last block's padding) take part in the block's event decoding and step
+// nothing. The real register kernel (K = 32) is held to 168 registers, three blocks per multiprocessor:
+// 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two.
 template <class N, class S, int KC>
 constexpr int forward_blocks_per_sm() {
   return KC > 0 && std::is_same<N, S>::value ? 3 : 1;
 }
 template <class N, class S, int KC, class R>
-__global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>())) forward_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io, S* scratch) {
+__global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
+    forward_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io, S* scratch) {
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const bool active = thread < V;
   const int64_t v = active ? thread : V - 1;
