@@ -160,7 +160,7 @@ def test_block_decoded_events_match_host(b1, quadratic, states, mapping):
         extra = {"b1": torch.linspace(0.7, 1.2, n) if b1 == "map" else torch.tensor(0.85)}
         if quadratic:
             extra["b1_phase_rad"] = torch.linspace(-0.3, 0.4, n) if b1 == "map" else torch.tensor(0.2)
-        t = TissueProperties(**dict(t.items()), **{k: v.to(device) for k, v in extra.items()})
+        t = TissueProperties(**{**dict(t.items()), **{k: v.to(device) for k, v in extra.items()}})
         out[device] = engine.simulate(d, t, states=states, repetitions=2)
     assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape
     assert rel(out["cuda"], out["cpu"]) < 1e-5
