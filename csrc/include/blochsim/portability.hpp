@@ -1,4 +1,4 @@
-// One portability macro: the kernel headers compile with g++ for the host and with nvcc for the device.
+// Portability macros: the kernel headers compile with g++ for the host and with nvcc for the device.
 #pragma once
 
 #if defined(__CUDACC__)
