@@ -210,4 +210,3 @@ def reverse_jvps(outputs, leaves, differentiable: bool) -> list:
                     t = torch.view_as_complex(t.contiguous())
                 result[j][i] = t
     return result
-

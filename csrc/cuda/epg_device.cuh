@@ -3,8 +3,10 @@
 //
 // Thread per voxel: for the plain layout at K = 32 (plain_layout) the order count, pool counts and physics
 // switches are compile-time constants, so the state arrays live in registers (the loops over orders
-// unroll); any other K and the tabulated layouts keep their states in device scratch. Adjoints keep their replay buffer and checkpoints (every stride-th state) in device
-// scratch, and sum event-value gradients over voxels with a warp reduction and one atomic per warp.
+// unroll); any other K and the tabulated layouts keep their states in device scratch. Value forwards read
+// their events decoded once per block (for_each_event). Adjoints keep their replay buffer and checkpoints
+// (every stride-th state) in device scratch, and sum event-value gradients over voxels with a warp
+// reduction and one atomic per warp.
 #pragma once
 
 #include <cuda_runtime.h>
