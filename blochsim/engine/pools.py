@@ -139,12 +139,10 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
     shape = broadcast_shapes(*[t.shape for t in fields.values()]) if fields else ()
     full = lambda t: torch.as_tensor(t, **f64).expand(shape)  # noqa: E731
 
-    # Longitudinal generator A (*V, nl, nl) and transverse C (*V, nt, nt).
-    A = torch.zeros(shape + (nl, nl), **f64)
-    C = torch.zeros(shape + (nt, nt), dtype=torch.complex128, device=device)
-    A = A + torch.diag_embed(torch.stack([-full(r) for r in r1], -1))
-    C = C + torch.diag_embed(torch.stack(
-        [-full(r2[p]) - 2j * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
+    # Longitudinal generator A (*V, nl, nl) and transverse C = C_re + i C_im (*V, nt, nt); C_im is diagonal.
+    A = torch.diag_embed(torch.stack([-full(r) for r in r1], -1))
+    C_re = torch.diag_embed(torch.stack([-full(r2[p]) for p in range(nt)], -1))
+    C_im = torch.diag_embed(torch.stack([-2 * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
     X = torch.zeros(shape + (nl, nl), **f64)
     X_w = torch.zeros(shape + (nt, nt), **f64)  # the water-like pools alone: nothing leaks to the semisolid
     for p in range(1, nl):
@@ -157,7 +155,11 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
             Eb[p, p], Eb[0, p] = -1.0, 1.0
             M += kf * E + kb * Eb
     A = A + X
-    C = C + X_w.to(torch.complex128)
+    # C as the real 2nt x 2nt matrix [[C_re, -C_im], [C_im, C_re]], whose exponential is [[T_re, -T_im],
+    # [T_im, T_re]]: the tables then take the float64 kernels of L alone (on a GPU each kernel family costs
+    # its lazy loading at the first call).
+    C_re = C_re + X_w
+    C = torch.cat([torch.cat([C_re, -C_im], -1), torch.cat([C_im, C_re], -1)], -2)
     zeq = torch.stack([full(f_free)] + [full(f) for f in f_pools], -1)
 
     V = math.prod(voxel_shape)
@@ -168,10 +170,11 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
             return t.reshape((1,) + tail)
         return t.expand(tuple(voxel_shape) + tail).reshape((V,) + tail)
 
-    A, C, zeq = voxels(A, (nl, nl)), voxels(C, (nt, nt)), voxels(zeq, (nl,))
+    A, C, zeq = voxels(A, (nl, nl)), voxels(C, (2 * nt, 2 * nt)), voxels(zeq, (nl,))
     dt = lengths_s.to(**f64)[None, :, None, None]
     L = expm(A[:, None] * dt)
-    T = expm(C[:, None] * dt.to(torch.complex128))
+    T_block = expm(C[:, None] * dt)
+    T = torch.complex(T_block[..., :nt, :nt], T_block[..., nt:, :nt])
     r = zeq[:, None, :] - (L * zeq[:, None, None, :]).sum(-1)  # (I - L) zeq; no `@`: cuBLAS's first use ~0.1 s
 
     sat = None
