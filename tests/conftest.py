@@ -22,15 +22,19 @@ from blochsim.sequence import (
     AdcRole,
     Delay,
     Dephase,
+    EventAction,
     Excitation,
     Readout,
+    RfUse,
     SequenceDescription,
+    SequenceEvent,
     TissueProperties,
     bSSFPReadout,
     fse_description,
     mrf_description,
     spgr_description,
 )
+from blochsim.sequence.rf import ideal_rf_definition
 
 DEG = math.pi / 180.0
 F64 = torch.float64
@@ -154,6 +158,27 @@ def off_axis(flips=None, *, n=8) -> SequenceDescription:
         phase = 0.7 + math.pi * (j % 2)
         ops.append(Excitation(flips[j], phase) @ Delay(0.002) @ Readout(0.2) @ Dephase() @ Delay(0.006))
     return SequenceDescription.from_operators(*ops)
+
+
+def folding_train(blocks=40, *, phased=True) -> SequenceDescription:
+    """Events at one instant that fold, or must not, into the event before them (the device's value forward,
+    csrc/cuda/epg_device.cuh fold_events). Per 10 ms block: a pulse and its sample (folds), a second sample
+    (not: the pulse's event samples), a crusher after it (folds), a third sample (not: a shift comes first), a
+    shift after it (folds); 4 ms later a crushed pulse (not: an interval comes first) and a sample, or every
+    fifth block a spoiler. `phased`: quadratic pulse phases and samples demodulated at other phases."""
+    E, A = SequenceEvent, EventAction
+    events = []
+    for b in range(blocks):
+        t0 = b * 10000.0
+        flip = math.radians(10 + 50 * math.sin(0.1 * b) ** 2)
+        phase = math.radians(117) * b * (b + 1) / 2 % (2 * math.pi) if phased else 0.0
+        turns = (0.3, -0.2) if phased else (0.0, 0.0)
+        events += [E.rf(t0, 0, RfUse.EXCITATION, flip, phase), E.adc(t0, phase_rad=phase),
+                   E.adc(t0, phase_rad=phase + turns[0]), E.wait(t0, A.CRUSH_AFTER),
+                   E.adc(t0, phase_rad=phase + turns[1]), E.wait(t0, A.SHIFT_AFTER),
+                   E.rf(t0 + 4000, 0, RfUse.EXCITATION, 0.5 * flip, phase, action=A.CRUSH_BEFORE),
+                   E.wait(t0 + 4000, A.SPOIL_AFTER) if b % 5 == 4 else E.adc(t0 + 4000, phase_rad=phase)]
+    return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from conftest import folding_train
 
 from blochsim import engine
 from blochsim.sequence import TissueProperties, mrf_description
@@ -77,7 +78,7 @@ CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, 
          if not (pools != "free" and states == 32)]
 # Forward, JVP and the adjoints launch a warp per voxel (orders across lanes; 40 orders: two per lane) or a
 # thread per voxel, and the value forward a group of 4 or 8 lanes per voxel (launch_rules.hpp); all are held
-# to the host. The pool layouts here have their pool counts compiled (launch_rules.hpp fixed_pools_layout:
+# to the host. The pool layouts here have their pool counts compiled (launch_rules.hpp with_fixed_pools:
 # mt (1, 2), poolb (2, 2), poolb+mt (2, 3), five (4, 5)) in groups of 4 and the warp's float adjoint at up
 # to 32 orders; groups of 8, the 32-lane forward and 40 orders take the run-time pool counts.
 MAPPINGS = ("warp", "thread", "lanes4", "lanes8")
@@ -163,6 +164,20 @@ def test_block_decoded_events_match_host(b1, quadratic, states, mapping):
         t = TissueProperties(**{**dict(t.items()), **{k: v.to(device) for k, v in extra.items()}})
         out[device] = engine.simulate(d, t, states=states, repetitions=2)
     assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+
+
+@pytest.mark.parametrize("pools", ("free", "poolb+mt"))
+@pytest.mark.parametrize("phased", (False, True))
+@pytest.mark.parametrize("states", (10, 32))
+def test_folded_events_match_host(pools, phased, states, mapping):
+    """The value forward folds an event that only samples or only shifts after into the event before it,
+    where that keeps the order of what they do (epg_device.cuh fold_events): a train with each case
+    (conftest.folding_train: 320 events, five chunks of decoded events), played twice, held to the host."""
+    d = folding_train(phased=phased)
+    out = {device: engine.simulate(d, tissue(device, pools, n=131), states=states, repetitions=2)
+           for device in ("cpu", "cuda")}
+    assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape == (131, 152)
     assert rel(out["cuda"], out["cpu"]) < 1e-5
 
 

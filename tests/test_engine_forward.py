@@ -28,6 +28,7 @@ from conftest import (
     T2_MS,
     complex_only,
     f64,
+    folding_train,
     mixed_readouts,
     mrf,
     off_axis,
@@ -38,8 +39,10 @@ from conftest import (
     tissue,
 )
 
+from blochsim import _native as nat
 from blochsim._reference import play
 from blochsim.engine import simulate
+from blochsim.engine.program import compile_program
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}  # see the module docstring
 
@@ -92,6 +95,28 @@ def test_off_axis_pulses_late_start_few_states(states, path, dtype):
     expected = play(description, tissue(), states=states, repetitions=3).signal
     signal = simulate(description, tissue(), states=states, repetitions=3, dtype=dtype, path=path)
     assert rel_max_err(signal, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("phased", (False, True))
+def test_folding_train_matches_oracle(phased):
+    """The train the GPU tests use for the device's event folding (conftest.folding_train), on the host
+    against the oracle, twice through; and it holds every case the folding must get right."""
+    description = folding_train(12, phased=phased)
+    expected = play(description, tissue(), states=STATES, repetitions=2).signal
+    signal = simulate(description, tissue(), states=STATES, repetitions=2)
+    assert rel_max_err(signal, expected) < TOL[torch.float32]
+    program = compile_program(description, states=STATES)
+    action, record = program.action.tolist(), program.record.tolist()
+    after = nat.CRUSH_AFTER | nat.SHIFT_AFTER | nat.SPOIL_AFTER
+    # Pairs (head, next) where next has no interval, crusher ahead or pulse: next could fold into head.
+    pairs = [(h, h + 1) for h in range(len(action) - 1)
+             if not action[h + 1] & (nat.INTERVAL | nat.CRUSH_BEFORE | nat.ROTATE | nat.INVERSION)]
+    assert any(record[h] < 0 and record[n] >= 0 and not action[h] & after for h, n in pairs)  # folds
+    assert any(record[h] >= 0 and record[n] >= 0 for h, n in pairs)  # two samples: no fold
+    assert any(action[h] & after and record[n] >= 0 for h, n in pairs)  # a shift, then a sample: no fold
+    assert any(record[n] < 0 and action[n] & after and not action[h] & after for h, n in pairs)  # folds
+    assert any(action[h] & nat.ROTATE and action[h] & nat.INTERVAL and action[h] & nat.CRUSH_BEFORE
+               for h in range(len(action)))  # a crushed pulse after an interval
 
 
 def test_long_quadratic_phase_train_float32():

@@ -4,7 +4,8 @@
 // Thread per voxel: for the plain layout at K = 32 (plain_layout) the order count, pool counts and physics
 // switches are compile-time constants, so the state arrays live in registers (the loops over orders
 // unroll); any other K and the tabulated layouts keep their states in device scratch. Value forwards read
-// their events decoded once per block (for_each_event). Adjoints keep their replay buffer and checkpoints
+// their events decoded once per block and folded (for_each_event, fold_events), and plain layouts carry a
+// shift into the next interval (Deferral, event_loop.hpp). Adjoints keep their replay buffer and checkpoints
 // (every stride-th state) in device scratch, and sum event-value gradients over voxels with a warp
 // reduction and one atomic per warp.
 #pragma once
@@ -132,8 +133,42 @@ __device__ __forceinline__ bool uniform_pulse(const Problem<R>& pb) {
   return (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0);
 }
 
-// Run step(ev) on the train's events in order. Every thread of the block calls it (it synchronises the
-// block); `active`: whether this thread steps.
+// Whether event `next` can join the events folded into `head` (one step_forward then does both): it has
+// no interval, crusher ahead or pulse, `head` nothing after its sample, and at most one of them samples.
+// step_forward's order (interval, crusher, pulse, sample, what follows) is then that of the two events.
+template <class N>
+__device__ __forceinline__ bool folds_into(const EventValues<N>& head, const EventValues<N>& next) {
+  constexpr int ahead = BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE;
+  constexpr int after = BS_SPOIL_AFTER | BS_CRUSH_AFTER | BS_SHIFT_AFTER;
+  return !(next.action & ahead) && !(head.action & after) && (head.record < 0 || next.record < 0);
+}
+
+// Fold each run of events that folds_into its first into that first event, in place: a sample, or a
+// crusher after the readout, rides on the pulse before it (an MRF repetition: 3 events become 1). Returns
+// the events left. One thread runs it.
+template <class N>
+__device__ int fold_events(BlockEvent<N>* table, int count) {
+  int heads = 0;
+  for (int j = 0; j < count; ++j) {
+    if (heads > 0 && folds_into(table[heads - 1].ev, table[j].ev)) {
+      BlockEvent<N>& head = table[heads - 1];
+      const EventValues<N>& next = table[j].ev;
+      head.ev.action |= next.action;
+      if (next.record >= 0) {
+        head.ev.record = next.record;
+        head.ev.last_rep = next.last_rep;
+        head.turn = table[j].turn;
+      }
+    } else {
+      if (heads != j) table[heads] = table[j];
+      ++heads;
+    }
+  }
+  return heads;
+}
+
+// Run step(ev) on the train's events in order, folded (fold_events) on the value forward. Every thread of
+// the block calls it (it synchronises the block); `active`: whether this thread steps.
 template <class N, class S, class R, class Step>
 __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active, const Step& step) {
   if constexpr (Num<N>::P > 0) {
@@ -156,9 +191,12 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
         if (uniform) b.rotation = make_rotation(b.ev.flip * b1, b.ev.phase + b1phase, complex_path);
         b.turn = cis(-b.ev.phase);
       }
+      __shared__ int folded;
+      __syncthreads();
+      if (threadIdx.x == 0) folded = fold_events(table, count);
       __syncthreads();
       if (!active) continue;
-      for (int j = 0; j < count; ++j) {
+      for (int j = 0; j < folded; ++j) {
         EventValues<N> ev = table[j].ev;
         ev.rotation = uniform ? &table[j].rotation : nullptr;
         ev.turn = &table[j].turn;
@@ -170,7 +208,8 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
 
 // Threads past the last voxel (the last block's padding) take part in the block's event decoding and step
 // nothing. The real register kernel (K = 32) is held to 168 registers, three blocks per multiprocessor:
-// 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two.
+// 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two; four blocks (128
+// registers) spill: 54 vs 21 ms once events were folded.
 template <class N, class S, int KC>
 constexpr int forward_blocks_per_sm() {
   return KC > 0 && std::is_same<N, S>::value ? 3 : 1;
@@ -188,7 +227,11 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   const State<S> x = state_at(pb, states, 0);
   equilibrium_state<S, N>(pb, v, x);
   const Voxel<N> t = load_voxel<N>(pb, v);
-  for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) { step_forward(pb, v, t, ev, x, &io); });
+  Deferral defer;  // the register kernel's layout is plain (specialise): its shifts commute with intervals
+  Deferral* const deferred = KC > 0 ? &defer : nullptr;
+  for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
+    step_forward(pb, v, t, ev, x, &io, LocalShift(), static_cast<const State<S>*>(nullptr), deferred);
+  });
 }
 
 template <class N, class S, int KC, class R>
@@ -274,8 +317,15 @@ struct WarpShiftAdjoint {
 // LANES lanes per voxel (32: a warp; 4 or 8: a group of a warp, several orders per lane). Groups past the
 // last voxel replay it and write nothing: every lane of a warp takes part in its shuffles. LAYOUT: see
 // apply_layout.
+// The complex plain kernel in groups of 4 is held to 96 registers, five blocks per multiprocessor: 6.4 vs
+// 9.2 ms for the complex forward at 100k voxels on the H200 (2026-12-03, events folded), against 128
+// registers and four (six blocks, 80 registers: 6.7 ms).
+template <class N, class S, int LAYOUT, int LANES>
+constexpr int group_blocks_per_sm() {
+  return LAYOUT == kPlain && LANES == 4 && !std::is_same<N, S>::value ? 5 : 1;
+}
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
+__global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>())) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
   constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
@@ -292,7 +342,11 @@ __global__ void __launch_bounds__(128) forward_warp_kernel(const Problem<R> pb_i
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};
-  for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) { step_forward(pb, v, t, ev, x, &io, shift); });
+  Deferral defer;
+  Deferral* const deferred = LAYOUT == kPlain ? &defer : nullptr;
+  for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
+    step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
+  });
 }
 
 // Adjoint with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its work states in

@@ -1,4 +1,4 @@
-// Tabulated kernels with their pool counts fixed at compile time (launch_rules.hpp fixed_pools_layout): the
+// Tabulated kernels with their pool counts fixed at compile time (launch_rules.hpp with_fixed_pools): the
 // value forward in groups of 4 lanes and the float adjoint with a warp per voxel. A translation unit of
 // their own, so nvcc builds them beside the other passes.
 #include "passes.cuh"
@@ -22,25 +22,19 @@ void vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, c
 
 template <class S>
 void launch_forward_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, cudaStream_t stream) {
-  switch (fixed_pools_layout(pb)) {
-    case pools_layout(1, 2): forward_pools<S, pools_layout(1, 2)>(pb, V, io, stream); return;
-    case pools_layout(2, 2): forward_pools<S, pools_layout(2, 2)>(pb, V, io, stream); return;
-    case pools_layout(2, 3): forward_pools<S, pools_layout(2, 3)>(pb, V, io, stream); return;
-    case pools_layout(4, 5): forward_pools<S, pools_layout(4, 5)>(pb, V, io, stream); return;
-    default: throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
-  }
+  const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
+    forward_pools<S, decltype(layout)::value>(pb, V, io, stream);
+  });
+  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
 }
 
 template <class S>
 void launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>& io, const DeviceEventGrad<float>& eg,
                       const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream) {
-  switch (fixed_pools_layout(pb)) {
-    case pools_layout(1, 2): vjp_pools<S, pools_layout(1, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
-    case pools_layout(2, 2): vjp_pools<S, pools_layout(2, 2)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
-    case pools_layout(2, 3): vjp_pools<S, pools_layout(2, 3)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
-    case pools_layout(4, 5): vjp_pools<S, pools_layout(4, 5)>(pb, V, io, eg, out, scratch, table_scratch, stream); return;
-    default: throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
-  }
+  const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
+    vjp_pools<S, decltype(layout)::value>(pb, V, io, eg, out, scratch, table_scratch, stream);
+  });
+  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
 }
 
 template void launch_forward_pools<float>(const Problem<float>&, int64_t, const SampleIO<float>&, cudaStream_t);

@@ -109,19 +109,37 @@ BS_HD void shift_pools(State<S> x, int64_t K, const Shift& shift, int times) {
   }
 }
 
+// Shifts carried from one event into the next (value forwards of order-uniform layouts, plain_orders):
+// a shift then commutes with the interval, so the next interval's products can read their states one order
+// over, straight-line, in place of the shift's register moves (the register kernels, epg_device.cuh).
+struct Deferral {
+  int pending = 0;
+};
+
 template <class N, class S, class R, class Shift = LocalShift>
 BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        const SampleIO<N>* io, const Shift& shift = Shift(), const State<S>* keep = nullptr) {
+                        const SampleIO<N>* io, const Shift& shift = Shift(), const State<S>* keep = nullptr,
+                        Deferral* defer = nullptr) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = x.K;  // orders held here: pb.K, or a lane's share
+  int before = ev.action & BS_CRUSH_BEFORE ? 1 : 0;  // shifts ahead of the pulse
+  if (defer) {
+    before += defer->pending;
+    defer->pending = 0;
+  }
   if (ev.action & BS_INTERVAL) {
     const Interval<N> iv = make_interval(pb, t, ev.dt, pb.offres);
-    if (pb.tabulated)
+    if (pb.tabulated) {
       relax_tables(pb, v, interval_row(pb, ev), iv, x, keep);
-    else
+    } else if (defer && before == 1) {  // the shift's moves become the products' operands
+      shift(x.water(0), K);
       relax(x.water(0), K, iv, x.k0);
+      before = 0;
+    } else {
+      relax(x.water(0), K, iv, x.k0);
+    }
   }
-  shift_pools(x, K, shift, ev.action & BS_CRUSH_BEFORE ? 1 : 0);
+  shift_pools(x, K, shift, before);
   if (ev.action & BS_INVERSION) {
     for (int p = 0; p < x.nt; ++p) invert(x.water(p), K, t.inv);
   } else if (ev.action & BS_ROTATE) {
@@ -138,7 +156,11 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   if (ev.action & BS_SPOIL_AFTER) {  // a crusher ahead of the spoiler would move states it clears
     for (int p = 0; p < x.nt; ++p) spoil(x.water(p), K);
   } else {
-    shift_pools(x, K, shift, (ev.action & BS_CRUSH_AFTER ? 1 : 0) + (ev.action & BS_SHIFT_AFTER ? 1 : 0));
+    const int after = (ev.action & BS_CRUSH_AFTER ? 1 : 0) + (ev.action & BS_SHIFT_AFTER ? 1 : 0);
+    if (defer)
+      defer->pending = after;
+    else
+      shift_pools(x, K, shift, after);
   }
 }
 

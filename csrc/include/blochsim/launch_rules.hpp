@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "blochsim/event_loop.hpp"
 #include "blochsim/layouts.hpp"
@@ -28,19 +29,16 @@ inline bool plain_orders(const Problem<R>& pb) {
 
 // The pool counts compiled fixed (csrc/cuda/pools.cu), for the tabulated value forward in groups of 4
 // lanes and the tabulated float adjoint with a warp per voxel: semisolid only (1, 2), two exchanging pools
-// (2, 2), two pools and a semisolid (2, 3), four pools and a semisolid (4, 5). Others: kTables.
-template <class R>
-inline int fixed_pools_layout(const Problem<R>& pb) {
-  if (!pb.tabulated) return kModel0;
-  const int layout = pools_layout(pb.nt, pb.nl);
-  switch (layout) {
-    case pools_layout(1, 2):
-    case pools_layout(2, 2):
-    case pools_layout(2, 3):
-    case pools_layout(4, 5):
-      return layout;
-    default:
-      return kTables;
+// (2, 2), two pools and a semisolid (2, 3), four pools and a semisolid (4, 5). Calls
+// f(std::integral_constant<int, layout>()) when (nt, nl) is one of them and says whether it was.
+template <class F>
+inline bool with_fixed_pools(int nt, int nl, const F& f) {
+  switch (pools_layout(nt, nl)) {
+    case pools_layout(1, 2): f(std::integral_constant<int, pools_layout(1, 2)>()); return true;
+    case pools_layout(2, 2): f(std::integral_constant<int, pools_layout(2, 2)>()); return true;
+    case pools_layout(2, 3): f(std::integral_constant<int, pools_layout(2, 3)>()); return true;
+    case pools_layout(4, 5): f(std::integral_constant<int, pools_layout(4, 5)>()); return true;
+    default: return false;
   }
 }
 
@@ -48,7 +46,7 @@ inline int fixed_pools_layout(const Problem<R>& pb) {
 // and up to 32 orders (8 per lane in a group of 4 forward, one per lane in the warp adjoint).
 template <class N, class R>
 inline bool fixed_pools(const Problem<R>& pb) {
-  return std::is_same<N, float>::value && pb.K <= 32 && fixed_pools_layout(pb) > kTables;
+  return std::is_same<N, float>::value && pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
 }
 
 // The compile-time order count a launch uses: 32 (states in registers) for the plain layout at a real
