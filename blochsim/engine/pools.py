@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .._arrays import LastResult, broadcast_shapes
@@ -149,11 +150,10 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
         kf = full(k_pools[p - 1] * f_pools[p - 1])[..., None, None]  # free -> p
         kb = full(k_pools[p - 1] * f_free)[..., None, None]  # p -> free
         for M, n in ((X, nl),) + (((X_w, nt),) if p < nt else ()):
-            E = torch.zeros(n, n, **f64)
+            E, Eb = np.zeros((n, n)), np.zeros((n, n))  # made on the host, one copy each
             E[0, 0], E[p, 0] = -1.0, 1.0
-            Eb = torch.zeros(n, n, **f64)
             Eb[p, p], Eb[0, p] = -1.0, 1.0
-            M += kf * E + kb * Eb
+            M += kf * torch.as_tensor(E, **f64) + kb * torch.as_tensor(Eb, **f64)
     A = A + X
     # C as the real 2nt x 2nt matrix [[C_re, -C_im], [C_im, C_re]], whose exponential is [[T_re, -T_im],
     # [T_im, T_re]]: the tables then take the float64 kernels of L alone (on a GPU each kernel family costs
@@ -184,12 +184,11 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
             t2b, b0v = t2b.reshape(1), b0.reshape(1)
         else:
             t2b, b0v = voxels(full(t2b), ()), voxels(full(b0), ())
-        s_const = torch.as_tensor(sat_per_rad2, **f64)
-        rows = torch.nonzero(s_const != 0).reshape(-1)  # RF events that saturate
-        offsets = torch.as_tensor(rf_hz, **f64)[None, rows] - b0v[:, None]
+        rows = np.flatnonzero(sat_per_rad2)  # RF events that saturate (host arrays: no device sync)
+        offsets = torch.as_tensor(rf_hz[rows], **f64)[None, :] - b0v[:, None]
         g = _lineshape(lineshape, offsets, t2b[:, None].expand_as(offsets))
-        sat = torch.zeros((offsets.shape[0], s_const.numel()), **f64)
-        sat = sat.index_copy(1, rows, s_const[rows] * g)
+        sat = torch.zeros((offsets.shape[0], len(sat_per_rad2)), **f64)
+        sat = sat.index_copy(1, torch.as_tensor(rows, device=device), torch.as_tensor(sat_per_rad2[rows], **f64) * g)
     return L, r, T, zeq, sat
 
 

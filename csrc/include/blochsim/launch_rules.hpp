@@ -68,6 +68,11 @@ inline int registers_layout(const Problem<R>& pb) {
 // its states in device scratch (tables); a group amortises the per-event work over 4 or 8 orders.
 // With the events decoded per block (epg_device.cuh for_each_event), 2026-12-03, thread / lanes4 ms: real
 // 20k 1.15/1.02, 100k 3.05/3.83, 1M 28.9/35.1; complex 20k 3.65/2.24 (lanes8 2.25), 100k 11.1/9.34 (9.59).
+// With the events folded and the complex groups of 4 capped at 96 registers (same day, later;
+// benchmarks/results/mapping/forward-folded-*): real thread / lanes4 5k 0.91/0.86, 10k 0.96/0.91, 20k
+// 1.07/1.48, 40k 1.30/2.07; complex warp / lanes8 / lanes4 2k 0.79/0.82/1.01, 5k 1.52/1.04/1.10, 10k
+// 2.79/1.61/1.19, 20k 4.92/2.41/1.52. So the real path's thread from 12k voxels (was 40k) and the
+// complex path's groups of 4 from 5k (was 8k; the run-time pool layouts were not re-measured and keep 8k).
 // BLOCHSIM_CUDA_MAPPING=thread|warp|lanes4|lanes8 forces one (where it applies), so benchmarks can compare.
 // -1: not forced; else the lanes per voxel (1: a thread).
 inline int forced_mapping() {
@@ -95,9 +100,9 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
-  // Real path: a thread past 40k voxels, where it holds its states in registers (plain_orders).
-  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 40000 || !plain_orders(pb) ? 4 : 1;
-  return V <= 8000 ? 8 : 4;
+  // Real path: a thread past 12k voxels, where it holds its states in registers (plain_orders).
+  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 12000 || !plain_orders(pb) ? 4 : 1;
+  return V <= (pb.tabulated ? 8000 : 5000) ? 8 : 4;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
