@@ -314,9 +314,6 @@ struct WarpShiftAdjoint {
   }
 };
 
-// LANES lanes per voxel (32: a warp; 4 or 8: a group of a warp, several orders per lane). Groups past the
-// last voxel replay it and write nothing: every lane of a warp takes part in its shuffles. LAYOUT: see
-// apply_layout.
 // The complex plain kernel in groups of 4 is held to 96 registers, five blocks per multiprocessor: 6.4 vs
 // 9.2 ms for the complex forward at 100k voxels on the H200 (2026-12-03, events folded), against 128
 // registers and four (six blocks, 80 registers: 6.7 ms).
@@ -324,8 +321,13 @@ template <class N, class S, int LAYOUT, int LANES>
 constexpr int group_blocks_per_sm() {
   return LAYOUT == kPlain && LANES == 4 && !std::is_same<N, S>::value ? 5 : 1;
 }
+
+// LANES lanes per voxel (32: a warp; 4 or 8: a group of a warp, several orders per lane). Groups past the
+// last voxel replay it and write nothing: every lane of a warp takes part in its shuffles. LAYOUT: see
+// apply_layout.
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>())) forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
+__global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>()))
+    forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
   constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
@@ -342,7 +344,7 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};
-  Deferral defer;
+  Deferral defer;  // plain: the shifts commute with intervals
   Deferral* const deferred = LAYOUT == kPlain ? &defer : nullptr;
   for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
     step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), deferred);

@@ -111,7 +111,8 @@ BS_HD void shift_pools(State<S> x, int64_t K, const Shift& shift, int times) {
 
 // Shifts carried from one event into the next (value forwards of order-uniform layouts, plain_orders):
 // a shift then commutes with the interval, so the next interval's products can read their states one order
-// over, straight-line, in place of the shift's register moves (the register kernels, epg_device.cuh).
+// over, straight-line, in place of the shift's register moves (the register kernel and the plain groups,
+// epg_device.cuh; at the end of the train a pending shift is left undone: no sample follows it).
 struct Deferral {
   int pending = 0;
 };
