@@ -141,8 +141,10 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
     full = lambda t: torch.as_tensor(t, **f64).expand(shape)  # noqa: E731
 
     # Longitudinal generator A (*V, nl, nl) and transverse C = C_re + i C_im (*V, nt, nt); C_im is diagonal.
-    A = torch.diag_embed(torch.stack([-full(r) for r in r1], -1))
-    C_re = torch.diag_embed(torch.stack([-full(r2[p]) for p in range(nt)], -1))
+    # Negations as multiplies by -1 and no divisions: on a GPU each distinct kernel costs its lazy loading
+    # (10-20 ms on the H200) at the first call that builds tables.
+    A = torch.diag_embed(torch.stack([full(r) * -1.0 for r in r1], -1))
+    C_re = torch.diag_embed(torch.stack([full(r2[p]) * -1.0 for p in range(nt)], -1))
     C_im = torch.diag_embed(torch.stack([-2 * math.pi * full(b0 + shift[p]) for p in range(nt)], -1))
     X = torch.zeros(shape + (nl, nl), **f64)
     X_w = torch.zeros(shape + (nt, nt), **f64)  # the water-like pools alone: nothing leaks to the semisolid
@@ -159,7 +161,7 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
     # [T_im, T_re]]: the tables then take the float64 kernels of L alone (on a GPU each kernel family costs
     # its lazy loading at the first call).
     C_re = C_re + X_w
-    C = torch.cat([torch.cat([C_re, -C_im], -1), torch.cat([C_im, C_re], -1)], -2)
+    C = torch.cat([torch.cat([C_re, C_im * -1.0], -1), torch.cat([C_im, C_re], -1)], -2)
     zeq = torch.stack([full(f_free)] + [full(f) for f in f_pools], -1)
 
     V = math.prod(voxel_shape)
@@ -187,8 +189,12 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
         rows = np.flatnonzero(sat_per_rad2)  # RF events that saturate (host arrays: no device sync)
         offsets = torch.as_tensor(rf_hz[rows], **f64)[None, :] - b0v[:, None]
         g = _lineshape(lineshape, offsets, t2b[:, None].expand_as(offsets))
-        sat = torch.zeros((offsets.shape[0], len(sat_per_rad2)), **f64)
-        sat = sat.index_copy(1, torch.as_tensor(rows, device=device), torch.as_tensor(sat_per_rad2[rows], **f64) * g)
+        # Column j + 1 of [0, S G] for the j-th saturating event, column 0 for the others: an index, where a
+        # zeroed table and an index_copy would take two more kernels (each costs its lazy loading on a GPU).
+        column = np.zeros(len(sat_per_rad2), dtype=np.int64)
+        column[rows] = np.arange(1, len(rows) + 1)
+        s_g = torch.as_tensor(sat_per_rad2[rows], **f64) * g
+        sat = torch.cat([torch.zeros_like(s_g[:, :1]), s_g], 1)[:, torch.as_tensor(column, device=device)]
     return L, r, T, zeq, sat
 
 
@@ -208,11 +214,11 @@ def expm(a: torch.Tensor, terms: int = 12, *, matmul: bool | None = None) -> tor
         def mm(p, q):  # broadcast multiply and sum: no cuBLAS (its first use costs ~1 s), n <= 8
             return (p[..., :, :, None] * q[..., None, :, :]).sum(-2)
 
-        x = a / (2.0**s)
+        x = a * 0.5**s  # multiplies, not divisions: one kernel fewer to load on a GPU
         eye = torch.eye(n, dtype=a.dtype, device=a.device)
-        result = eye + x / terms
+        result = eye + x * (1.0 / terms)
         for k in range(terms - 1, 0, -1):
-            result = eye + mm(x, result) / k
+            result = eye + mm(x, result) * (1.0 / k)
         for _ in range(s):
             result = mm(result, result)
         return result
