@@ -186,15 +186,14 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
             t2b, b0v = t2b.reshape(1), b0.reshape(1)
         else:
             t2b, b0v = voxels(full(t2b), ()), voxels(full(b0), ())
-        rows = np.flatnonzero(sat_per_rad2)  # RF events that saturate (host arrays: no device sync)
-        offsets = torch.as_tensor(rf_hz[rows], **f64)[None, :] - b0v[:, None]
+        # S G at every event, S = 0 where an event does not saturate: there G is taken at the first saturating
+        # event's offset (no further lineshape evaluation) and multiplied by 0. One multiply, where a zeroed
+        # table and an index_copy would take two more kernels, each costing its lazy loading on a GPU.
+        rows = np.flatnonzero(sat_per_rad2)  # host arrays: no device sync
+        rf_all = np.where(sat_per_rad2 != 0, rf_hz, rf_hz[rows[0]] if len(rows) else 0.0)
+        offsets = torch.as_tensor(rf_all, **f64)[None, :] - b0v[:, None]
         g = _lineshape(lineshape, offsets, t2b[:, None].expand_as(offsets))
-        # Column j + 1 of [0, S G] for the j-th saturating event, column 0 for the others: an index, where a
-        # zeroed table and an index_copy would take two more kernels (each costs its lazy loading on a GPU).
-        column = np.zeros(len(sat_per_rad2), dtype=np.int64)
-        column[rows] = np.arange(1, len(rows) + 1)
-        s_g = torch.as_tensor(sat_per_rad2[rows], **f64) * g
-        sat = torch.cat([torch.zeros_like(s_g[:, :1]), s_g], 1)[:, torch.as_tensor(column, device=device)]
+        sat = torch.as_tensor(sat_per_rad2, **f64) * g
     return L, r, T, zeq, sat
 
 
