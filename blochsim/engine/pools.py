@@ -158,8 +158,7 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
             M += kf * torch.as_tensor(E, **f64) + kb * torch.as_tensor(Eb, **f64)
     A = A + X
     # C as the real 2nt x 2nt matrix [[C_re, -C_im], [C_im, C_re]], whose exponential is [[T_re, -T_im],
-    # [T_im, T_re]]: the tables then take the float64 kernels of L alone (on a GPU each kernel family costs
-    # its lazy loading at the first call).
+    # [T_im, T_re]]: the float64 kernels of L, no complex ones.
     C_re = C_re + X_w
     C = torch.cat([torch.cat([C_re, C_im * -1.0], -1), torch.cat([C_im, C_re], -1)], -2)
     zeq = torch.stack([full(f_free)] + [full(f) for f in f_pools], -1)
@@ -187,8 +186,8 @@ def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.
         else:
             t2b, b0v = voxels(full(t2b), ()), voxels(full(b0), ())
         # S G at every event, S = 0 where an event does not saturate: there G is taken at the first saturating
-        # event's offset (no further lineshape evaluation) and multiplied by 0. One multiply, where a zeroed
-        # table and an index_copy would take two more kernels, each costing its lazy loading on a GPU.
+        # event's offset (no further lineshape evaluation) and multiplied by 0. One multiply, no zeroed table
+        # and index_copy (two more kernels to load).
         rows = np.flatnonzero(sat_per_rad2)  # host arrays: no device sync
         rf_all = np.where(sat_per_rad2 != 0, rf_hz, rf_hz[rows[0]] if len(rows) else 0.0)
         offsets = torch.as_tensor(rf_all, **f64)[None, :] - b0v[:, None]
