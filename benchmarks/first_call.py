@@ -42,24 +42,17 @@ class _PerOp(TorchDispatchMode):
 
 
 def first_call(name: str, n: int) -> tuple[float, float]:
-    fn = kc.case_fn(name, n, "cuda")
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    first = 1e3 * (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return first, 1e3 * (time.perf_counter() - t0)
+    """The first call and a later one (kernel_cases.measure: the call after one warm call), ms."""
+    first, later, _ = kc.measure(kc.case_fn(name, n, "cuda"), "cuda", repeats=1)
+    return 1e3 * first, 1e3 * later
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-op", action="store_true")
     args = parser.parse_args()
-    first, second = first_call("epg_real", 2000)
-    print(f"epg_real 2k first / second ms {first:.1f} / {second:.2f}")
+    first, later = first_call("epg_real", 2000)
+    print(f"epg_real 2k first / later ms {first:.1f} / {later:.2f}")
     if args.per_op:
         mode = _PerOp()
 
@@ -86,8 +79,8 @@ def main() -> None:
     pools._pool_tables = timed
     for name, n in (("pooled", 2000), ("pooled5", 2000), ("pooledb", 2000), ("pooled", 3000)):
         spent.clear()
-        first, second = first_call(name, n)
-        print(f"{name} {n} first {first:.1f} ms (tables {spent[0] if spent else 0:.1f} ms), second {second:.2f} ms")
+        first, later = first_call(name, n)
+        print(f"{name} {n} first {first:.1f} ms (tables {spent[0] if spent else 0:.1f} ms), later {later:.2f} ms")
 
 
 if __name__ == "__main__":
