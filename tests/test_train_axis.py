@@ -195,15 +195,22 @@ PER_SHOT = [  # (simulator, extra tissue); 4 shots each
 ]
 
 
+# A pulse played sample by sample is hundreds of small steps: each float32 run of the sampled FLASH is
+# within 2.2e-6 of the same run in float64 (the column and the separate calls, 2026-12-03), so two runs whose
+# event values differ in their last bit may differ by the two errors together.
+SAMPLED_REL = 5e-6
+
+
 @pytest.mark.parametrize("sim, extra", PER_SHOT)
-def test_per_shot_flips_with_a_train_axis_equal_separate_calls(sim, extra):
+def test_per_shot_flips_with_a_train_axis_equal_separate_calls(request, sim, extra):
     flip = torch.tensor([[5.0, 7.0, 9.0, 11.0], [10.0, 12.0, 14.0, 16.0], [20.0, 15.0, 10.0, 5.0]], dtype=F64)
     tissue = dict(T1=torch.tensor([800.0, 1200.0]), **extra)
     got = sim.simulate(flip=flip, **tissue)
     want = torch.stack([sim.simulate(flip=flip[k], **tissue) for k in range(3)])
     assert got.shape == want.shape and got.shape[0] == 3 and rel(got, want) < REL
     column = sim.simulate(flip=flip[:, :1], **tissue)  # (trains, 1): one flip per train, every shot
-    assert rel(column, torch.stack([sim.simulate(flip=flip[k, 0], **tissue) for k in range(3)])) < REL
+    tol = SAMPLED_REL if "shaped" in request.node.callspec.id else REL
+    assert rel(column, torch.stack([sim.simulate(flip=flip[k, 0], **tissue) for k in range(3)])) < tol
 
     if isinstance(sim, (FLASHSimulator, MPRAGESimulator)):  # gradients reach every train's flips
         a, b = flip.clone().requires_grad_(), flip.clone().requires_grad_()

@@ -4,8 +4,9 @@
 // Thread per voxel: for the plain layout at K = 32 (plain_layout) the order count, pool counts and physics
 // switches are compile-time constants, so the state arrays live in registers (the loops over orders
 // unroll); any other K and the tabulated layouts keep their states in device scratch. Value forwards read
-// their events decoded once per block and folded (for_each_event, fold_events), and plain layouts carry a
-// shift into the next interval (Deferral, event_loop.hpp). Adjoints keep their replay buffer and checkpoints
+// their events decoded and folded once per launch (decode_events_kernel, for_each_event, fold_events), and
+// plain layouts carry a shift into the next interval (Deferral, event_loop.hpp); the real register kernel
+// runs each event as one pass over its orders (step_forward_plain). Adjoints keep their replay buffer and checkpoints
 // (every stride-th state) in device scratch, and sum event-value gradients over voxels with a warp
 // reduction and one atomic per warp.
 #pragma once
@@ -113,18 +114,14 @@ __device__ __forceinline__ Problem<R> specialise(Problem<R> pb) {
 // scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
 __device__ __forceinline__ int64_t launched_threads() { return int64_t(gridDim.x) * blockDim.x; }
 
-// ---- events decoded once per block (the value forward) -------------------------------------------------
-// The block's threads decode kBlockEvents events at a time into shared memory: the event's values and what
-// every voxel would compute alike, the ADC's demodulation and, where B1 and its phase are uniform over the
-// voxels, the RF rotation (its sine and cosine). A voxel's event then costs its order work and its
-// relaxation factors. Tangent types (JVP) load their events per voxel.
-template <class N>
-struct BlockEvent {
-  EventValues<N> ev;
-  Rotation<N> rotation;
-  Cx<N> turn;
-};
-constexpr int kBlockEvents = 64;
+// ---- events decoded once per launch (the value forward) ------------------------------------------------
+// Before a value forward, decode_events_kernel decodes the train kBlockEvents events at a time (BlockEvent,
+// launch_rules.hpp): the event's values and what every voxel would compute alike, the ADC's demodulation
+// and, where B1 and its phase are uniform over the voxels, the RF rotation (its sine and cosine), and
+// folds them. A voxel's event then costs its order work and its relaxation factors. Without the table (the
+// CUDA 12 launcher) each block decodes and folds the chunks itself, in shared memory: on the real 1M forward
+// the block's warps then waited at its barriers a third of their cycles (ncu, H200, 2026-12-03). Tangent
+// types (JVP) load their events per voxel.
 
 template <class R>
 __device__ __forceinline__ bool uniform_pulse(const Problem<R>& pb) {
@@ -167,8 +164,45 @@ __device__ int fold_events(BlockEvent<N>* table, int count) {
   return heads;
 }
 
-// Run step(ev) on the train's events in order, folded (fold_events) on the value forward. Every thread of
-// the block calls it (it synchronises the block); `active`: whether this thread steps.
+// One event decoded: its values, the ADC's demodulation and, with B1 uniform, the RF rotation.
+template <class N, class S, class R>
+__device__ __forceinline__ void decode_event(const Problem<R>& pb, int64_t i, BlockEvent<N>& b) {
+  constexpr bool complex_path = !std::is_same<S, N>::value;
+  b.ev = load_event<N>(pb, i);
+  if (uniform_pulse(pb)) {
+    const N b1 = fetch<N>(pb.tissue[BS_B1], 0), b1phase = fetch<N>(pb.tissue[BS_B1_PHASE_RAD], 0);
+    b.rotation = make_rotation(b.ev.flip * b1, b.ev.phase + b1phase, complex_path);
+  }
+  b.turn = cis(-b.ev.phase);
+}
+
+template <class N>
+__device__ __forceinline__ const int* event_counts(const BlockEvent<N>* table, int64_t chunks) {
+  return reinterpret_cast<const int*>(table + chunks * kBlockEvents);
+}
+
+// Decode and fold the train once for a launch: a block of kBlockEvents threads per chunk.
+template <class N, class S, class R>
+__global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Problem<R> pb, BlockEvent<N>* table) {
+  __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
+  __shared__ int folded;
+  BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
+  const int64_t i0 = int64_t(blockIdx.x) * kBlockEvents, n = pb.E * pb.reps;
+  const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
+  if (int(threadIdx.x) < count) decode_event<N, S>(pb, i0 + threadIdx.x, chunk[threadIdx.x]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    folded = fold_events(chunk, count);
+    const_cast<int*>(event_counts(table, event_chunks(pb)))[blockIdx.x] = folded;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < folded) table[i0 + threadIdx.x] = chunk[threadIdx.x];
+}
+
+// Run step(ev) on the train's events in order, folded (fold_events) on the value forward: from the
+// launch's table where there is one (no barriers: a block's warps run apart), else decoded by the block.
+// Every thread of the block calls it (the block's own decoding synchronises it); `active`: whether this
+// thread steps.
 template <class N, class S, class R, class Step>
 __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active, const Step& step) {
   if constexpr (Num<N>::P > 0) {
@@ -176,32 +210,36 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
     for (int64_t rep = 0; rep < pb.reps; ++rep)
       for (int64_t e = 0; e < pb.E; ++e) step(load_event<N>(pb, rep, e));
   } else {
-    constexpr bool complex_path = !std::is_same<S, N>::value;
-    __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
-    BlockEvent<N>* const table = reinterpret_cast<BlockEvent<N>*>(raw);
     const bool uniform = uniform_pulse(pb);
-    const N b1 = fetch<N>(pb.tissue[BS_B1], 0), b1phase = fetch<N>(pb.tissue[BS_B1_PHASE_RAD], 0);
-    const int64_t n = pb.E * pb.reps;
-    for (int64_t i0 = 0; i0 < n; i0 += kBlockEvents) {
-      const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
-      __syncthreads();  // the previous chunk is read
-      for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        BlockEvent<N>& b = table[j];
-        b.ev = load_event<N>(pb, i0 + j);
-        if (uniform) b.rotation = make_rotation(b.ev.flip * b1, b.ev.phase + b1phase, complex_path);
-        b.turn = cis(-b.ev.phase);
-      }
-      __shared__ int folded;
-      __syncthreads();
-      if (threadIdx.x == 0) folded = fold_events(table, count);
-      __syncthreads();
-      if (!active) continue;
+    const auto run = [&](const BlockEvent<N>* events, int folded) {
       for (int j = 0; j < folded; ++j) {
-        EventValues<N> ev = table[j].ev;
-        ev.rotation = uniform ? &table[j].rotation : nullptr;
-        ev.turn = &table[j].turn;
+        EventValues<N> ev = events[j].ev;
+        ev.rotation = uniform ? &events[j].rotation : nullptr;
+        ev.turn = &events[j].turn;
         step(ev);
       }
+    };
+    const int64_t chunks = event_chunks(pb);
+    if (pb.events) {
+      if (!active) return;
+      const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
+      const int* const counts = event_counts(table, chunks);
+      for (int64_t c = 0; c < chunks; ++c) run(table + c * kBlockEvents, counts[c]);
+      return;
+    }
+    __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
+    __shared__ int folded;
+    BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
+    const int64_t n = pb.E * pb.reps;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * kBlockEvents;
+      const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
+      __syncthreads();  // the previous chunk is read
+      for (int j = threadIdx.x; j < count; j += blockDim.x) decode_event<N, S>(pb, i0 + j, chunk[j]);
+      __syncthreads();
+      if (threadIdx.x == 0) folded = fold_events(chunk, count);
+      __syncthreads();
+      if (active) run(chunk, folded);
     }
   }
 }
@@ -212,7 +250,11 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
 // registers) spill: 54 vs 21 ms once events were folded.
 template <class N, class S, int KC>
 constexpr int forward_blocks_per_sm() {
+#ifdef BS_EXP_BLOCKS
+  return KC > 0 && std::is_same<N, S>::value ? BS_EXP_BLOCKS : 1;
+#else
   return KC > 0 && std::is_same<N, S>::value ? 3 : 1;
+#endif
 }
 template <class N, class S, int KC, class R>
 __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
@@ -230,7 +272,10 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   Deferral defer;  // the register kernel's layout is plain (specialise): its shifts commute with intervals
   Deferral* const deferred = KC > 0 ? &defer : nullptr;
   for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
-    step_forward(pb, v, t, ev, x, &io, LocalShift(), static_cast<const State<S>*>(nullptr), deferred);
+    if constexpr (KC > 0 && std::is_same<N, S>::value)
+      step_forward_plain(pb, t, ev, x, &io, defer);
+    else
+      step_forward(pb, v, t, ev, x, &io, LocalShift(), static_cast<const State<S>*>(nullptr), deferred);
   });
 }
 

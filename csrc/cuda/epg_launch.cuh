@@ -21,10 +21,19 @@ void launch_vjp_pools(const Problem<float>& pb, int64_t V, const SampleIO<float>
                       const GradOut<float>& out, S* scratch, float* table_scratch, cudaStream_t stream);
 
 template <class N, class S, class R>
-void launch_forward(const Problem<R>& pb, int64_t V, const SampleIO<N>& io, void* scratch, int64_t scratch_bytes,
+void launch_forward(const Problem<R>& pb_in, int64_t V, const SampleIO<N>& io, void* scratch, int64_t scratch_bytes,
                     cudaStream_t stream) {
   if (V == 0) return;
-  if (scratch_bytes < forward_scratch_bytes<N, S>(pb, V)) throw std::invalid_argument("scratch is too small");
+  if (scratch_bytes < forward_scratch_bytes<N, S>(pb_in, V)) throw std::invalid_argument("scratch is too small");
+  Problem<R> pb = pb_in;
+  if constexpr (Num<N>::P == 0) {  // the events, decoded once (for_each_event)
+    auto* const table = reinterpret_cast<BlockEvent<N>*>(static_cast<char*>(scratch) + forward_state_bytes<N, S>(pb, V));
+    if (event_chunks(pb) > 0) {
+      decode_events_kernel<N, S><<<static_cast<unsigned>(event_chunks(pb)), kBlockEvents, 0, stream>>>(pb, table);
+      check_cuda(cudaGetLastError(), "event decoding launch");
+    }
+    pb.events = table;
+  }
   const int lanes = forward_lanes<N, S>(pb, V);
   if (lanes > 1) {
     const dim3 grid(static_cast<unsigned>((V * lanes + 127) / 128)), block(128);

@@ -79,6 +79,9 @@ struct Problem {
   const int32_t* interval = nullptr;  // [E] table row of each event's interval
   int64_t wrap_interval = 0;          // table row of event 0's interval on later repetitions
   Input<R> table_L, table_r, table_T, table_zeq, table_sat;  // element (v, i) at data[v * stride + i]
+  // The CUDA library's value forwards: the train's events decoded and folded once per launch, in device
+  // memory (epg_device.cuh decode_events_kernel); null: each block decodes its own.
+  const void* events = nullptr;
 };
 
 // Tissue of one voxel in kernel units (rates in 1/s).
@@ -546,6 +549,54 @@ BS_HD void rotate(Planes<N> x, int64_t K, const Rotation<N>& r) {
     x.p[k] = f + w;
     x.m[k] = g + w;
     x.z[k] = r.ca * z - r.half_sa * u;
+  }
+}
+// ---- real plain path: an interval, a shift and a pulse in one pass ----------------------------------------
+// With every order relaxing alike (plain_orders) and a real rotation, relaxing (E1, E2, recovery 1 - E1
+// into Z(0)), shifting A = 0 or 1 times and rotating (ca, sa, s2, half_sa; an inversion: ca = -eta, the rest
+// 0) compose into one map per order. With F, G, Z an order's operands before the interval (A = 1: F = f(k-1),
+// G = g(k+1), and F = G = g(1) at order 0) and t = F + G:
+//   w = a Z - b t,  f' = E2 F + w,  g' = E2 G + w,  z' = c Z - d t,
+//   a = sa E1, b = s2 E2, c = ca E1, d = half_sa E2; order 0's w and z' gain a0 = sa (1 - E1), c0 = ca (1 - E1).
+// 7 operations per order where relax, shift and rotate take 10 and the shift's moves.
+template <class N>
+struct RelaxRotate {
+  N E2, a, b, c, d, a0, c0;
+};
+template <class N>
+BS_HD RelaxRotate<N> relax_rotate_factors(const N& E1, const N& E2, const N& ca, const N& sa, const N& s2,
+                                          const N& half_sa) {
+  using R = typename Num<N>::Real;
+  const N rec = R(1) - E1;
+  return RelaxRotate<N>{E2, sa * E1, s2 * E2, ca * E1, half_sa * E2, sa * rec, ca * rec};
+}
+// In place over a voxel's whole array (order 0 first), orders ascending: f(k-1) is carried from the order
+// before.
+template <int A, class N>
+BS_HD void relax_rotate(Planes<N> x, int64_t K, const RelaxRotate<N>& q) {
+  N carry = N(0);
+  BS_UNROLL
+  for (int64_t k = 0; k < K; ++k) {
+    N F, G;
+    if constexpr (A == 0) {
+      F = x.p[k];
+      G = x.m[k];
+    } else {
+      G = k + 1 < K ? x.m[k + 1] : N(0);
+      F = k == 0 ? G : carry;
+      carry = x.p[k];
+    }
+    const N Z = x.z[k];
+    const N t = F + G;
+    N w = q.a * Z - q.b * t;
+    N z = q.c * Z - q.d * t;
+    if (k == 0) {
+      w += q.a0;
+      z += q.c0;
+    }
+    x.p[k] = q.E2 * F + w;
+    x.m[k] = q.E2 * G + w;
+    x.z[k] = z;
   }
 }
 template <class N>

@@ -18,15 +18,6 @@ inline int threads_for(int64_t V) { return V < 128 * 264 ? 32 : 128; }
 inline int64_t blocks_for(int64_t V) { return (V + threads_for(V) - 1) / threads_for(V); }
 inline int64_t padded_voxels(int64_t V) { return blocks_for(V) * threads_for(V); }
 
-// Pool model 0 with every order relaxing alike (no diffusion, flow or washout): the layout the register
-// kernels and the plain groups are compiled for (epg_device.cuh plain_layout). Their order loops then hold
-// no order-dependent branches: the real K = 32 thread kernel shrinks from about 21,000 instructions to
-// 1,600 (sm_90 SASS), its hot loop fitting the instruction cache.
-template <class R>
-inline bool plain_orders(const Problem<R>& pb) {
-  return !pb.tabulated && !pb.diffusion && !pb.flow && !pb.washout;
-}
-
 // The pool counts compiled fixed (csrc/cuda/pools.cu), for the tabulated value forward in groups of 4
 // lanes and the tabulated float adjoint with a warp per voxel: semisolid only (1, 2), two exchanging pools
 // (2, 2), two pools and a semisolid (2, 3), four pools and a semisolid (4, 5). Calls
@@ -141,9 +132,16 @@ inline int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool
 
 // `warp_kernels`: the library has the warp kernels (the CUDA 12 launcher does not: a thread per voxel).
 template <class N, class S, class R>
-inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+inline int64_t forward_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if (warp_kernels && forward_lanes<N, S>(pb, V) > 1) return 0;
-  return int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
+  const int64_t bytes = int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
+  return (bytes + 255) / 256 * 256;
+}
+// The states, then (the library with the warp kernels, value forwards) the decoded events.
+template <class N, class S, class R>
+inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  const bool table = warp_kernels && Num<N>::P == 0;
+  return forward_state_bytes<N, S>(pb, V, warp_kernels) + (table ? event_table_bytes<N>(pb) : 0);
 }
 
 template <class N, class S, class R>

@@ -19,4 +19,23 @@ constexpr int layout_planes(int layout) {  // planes of a kernel's state array
   return layout == kTables ? 3 * kMaxPools : layout > kTables ? 2 * layout_nt(layout) + layout_nl(layout) : 3;
 }
 
+// A value forward's events as the device reads them, decoded (epg_device.cuh decode_events_kernel), in
+// chunks of kBlockEvents: chunk c holds its folded events first, counts[c] of them; the counts follow the
+// chunks.
+template <class N>
+struct BlockEvent {
+  EventValues<N> ev;
+  Rotation<N> rotation;
+  Cx<N> turn;
+};
+constexpr int kBlockEvents = 64;
+template <class R>
+BS_HD int64_t event_chunks(const Problem<R>& pb) {
+  return (pb.E * pb.reps + kBlockEvents - 1) / kBlockEvents;
+}
+template <class N, class R>
+inline int64_t event_table_bytes(const Problem<R>& pb) {
+  return event_chunks(pb) * (kBlockEvents * int64_t(sizeof(BlockEvent<N>)) + int64_t(sizeof(int)));
+}
+
 }  // namespace bs
