@@ -199,10 +199,10 @@ __global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Probl
   if (int(threadIdx.x) < folded) table[i0 + threadIdx.x] = chunk[threadIdx.x];
 }
 
-// Run step(ev) on the train's events in order, folded (fold_events) on the value forward: from the
-// launch's table where there is one (no barriers: a block's warps run apart), else decoded by the block.
-// Every thread of the block calls it (the block's own decoding synchronises it); `active`: whether this
-// thread steps.
+// Run step(ev) on the train's events in order, folded (fold_events) on the value forward, a chunk at a time
+// in shared memory: copied from the launch's table where there is one, else decoded and folded by the
+// block. Every thread of the block calls it (it synchronises the block); `active`: whether this thread
+// steps.
 template <class N, class S, class R, class Step>
 __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active, const Step& step) {
   if constexpr (Num<N>::P > 0) {
@@ -219,42 +219,42 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
         step(ev);
       }
     };
-    const int64_t chunks = event_chunks(pb);
-    if (pb.events) {
-      if (!active) return;
-      const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
-      const int* const counts = event_counts(table, chunks);
-      for (int64_t c = 0; c < chunks; ++c) run(table + c * kBlockEvents, counts[c]);
-      return;
-    }
     __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
     __shared__ int folded;
     BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
-    const int64_t n = pb.E * pb.reps;
+    const int64_t chunks = event_chunks(pb), n = pb.E * pb.reps;
+    const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t i0 = c * kBlockEvents;
       const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
       __syncthreads();  // the previous chunk is read
-      for (int j = threadIdx.x; j < count; j += blockDim.x) decode_event<N, S>(pb, i0 + j, chunk[j]);
-      __syncthreads();
-      if (threadIdx.x == 0) folded = fold_events(chunk, count);
+      if (table) {  // a copy: events read from global memory stall each voxel's step on their latency
+        const int folded_here = event_counts(table, chunks)[c];
+        const auto* from = reinterpret_cast<const unsigned long long*>(table + i0);
+        auto* to = reinterpret_cast<unsigned long long*>(raw);
+        static_assert(sizeof(BlockEvent<N>) % sizeof(unsigned long long) == 0, "events copy in 8-byte words");
+        const int words = folded_here * int(sizeof(BlockEvent<N>) / sizeof(unsigned long long));
+        for (int w = threadIdx.x; w < words; w += blockDim.x) to[w] = from[w];
+        if (threadIdx.x == 0) folded = folded_here;
+      } else {
+        for (int j = threadIdx.x; j < count; j += blockDim.x) decode_event<N, S>(pb, i0 + j, chunk[j]);
+        __syncthreads();
+        if (threadIdx.x == 0) folded = fold_events(chunk, count);
+      }
       __syncthreads();
       if (active) run(chunk, folded);
     }
   }
 }
 
-// Threads past the last voxel (the last block's padding) take part in the block's event decoding and step
+// Threads past the last voxel (the last block's padding) take part in the block's event copies and step
 // nothing. The real register kernel (K = 32) is held to 168 registers, three blocks per multiprocessor:
-// 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two; four blocks (128
-// registers) spill: 54 vs 21 ms once events were folded.
+// 27.2 vs 28.9 ms at 1M voxels on the H200 (2026-12-03), against 211 registers and two. Four blocks (128
+// registers) spill: 54 vs 21 ms once events were folded; with one pass per event and the launch's event
+// table, 14.2-14.4 vs 13.1-13.4 ms (benchmarks/results/mapping/plain-pass-variants-*).
 template <class N, class S, int KC>
 constexpr int forward_blocks_per_sm() {
-#ifdef BS_EXP_BLOCKS
-  return KC > 0 && std::is_same<N, S>::value ? BS_EXP_BLOCKS : 1;
-#else
   return KC > 0 && std::is_same<N, S>::value ? 3 : 1;
-#endif
 }
 template <class N, class S, int KC, class R>
 __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
