@@ -181,21 +181,27 @@ __device__ __forceinline__ const int* event_counts(const BlockEvent<N>* table, i
   return reinterpret_cast<const int*>(table + chunks * kBlockEvents);
 }
 
+// Decode the chunk of events from i0 into shared memory and fold it (`folded`: the events left, in shared
+// memory). Every thread of the block calls it; it ends on a barrier.
+template <class N, class S, class R>
+__device__ __forceinline__ void decode_chunk(const Problem<R>& pb, int64_t i0, BlockEvent<N>* chunk, int& folded) {
+  const int64_t n = pb.E * pb.reps;
+  const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
+  for (int j = threadIdx.x; j < count; j += blockDim.x) decode_event<N, S>(pb, i0 + j, chunk[j]);
+  __syncthreads();
+  if (threadIdx.x == 0) folded = fold_events(chunk, count);
+  __syncthreads();
+}
+
 // Decode and fold the train once for a launch: a block of kBlockEvents threads per chunk.
 template <class N, class S, class R>
 __global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Problem<R> pb, BlockEvent<N>* table) {
   __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
   __shared__ int folded;
   BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
-  const int64_t i0 = int64_t(blockIdx.x) * kBlockEvents, n = pb.E * pb.reps;
-  const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
-  if (int(threadIdx.x) < count) decode_event<N, S>(pb, i0 + threadIdx.x, chunk[threadIdx.x]);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    folded = fold_events(chunk, count);
-    const_cast<int*>(event_counts(table, event_chunks(pb)))[blockIdx.x] = folded;
-  }
-  __syncthreads();
+  const int64_t i0 = int64_t(blockIdx.x) * kBlockEvents;
+  decode_chunk<N, S>(pb, i0, chunk, folded);
+  if (threadIdx.x == 0) const_cast<int*>(event_counts(table, event_chunks(pb)))[blockIdx.x] = folded;
   if (int(threadIdx.x) < folded) table[i0 + threadIdx.x] = chunk[threadIdx.x];
 }
 
@@ -211,22 +217,13 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
       for (int64_t e = 0; e < pb.E; ++e) step(load_event<N>(pb, rep, e));
   } else {
     const bool uniform = uniform_pulse(pb);
-    const auto run = [&](const BlockEvent<N>* events, int folded) {
-      for (int j = 0; j < folded; ++j) {
-        EventValues<N> ev = events[j].ev;
-        ev.rotation = uniform ? &events[j].rotation : nullptr;
-        ev.turn = &events[j].turn;
-        step(ev);
-      }
-    };
     __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
     __shared__ int folded;
     BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
-    const int64_t chunks = event_chunks(pb), n = pb.E * pb.reps;
+    const int64_t chunks = event_chunks(pb);
     const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t i0 = c * kBlockEvents;
-      const int count = n - i0 < kBlockEvents ? int(n - i0) : kBlockEvents;
       __syncthreads();  // the previous chunk is read
       if (table) {  // a copy: events read from global memory stall each voxel's step on their latency
         const int folded_here = event_counts(table, chunks)[c];
@@ -236,13 +233,17 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
         const int words = folded_here * int(sizeof(BlockEvent<N>) / sizeof(unsigned long long));
         for (int w = threadIdx.x; w < words; w += blockDim.x) to[w] = from[w];
         if (threadIdx.x == 0) folded = folded_here;
-      } else {
-        for (int j = threadIdx.x; j < count; j += blockDim.x) decode_event<N, S>(pb, i0 + j, chunk[j]);
         __syncthreads();
-        if (threadIdx.x == 0) folded = fold_events(chunk, count);
+      } else {
+        decode_chunk<N, S>(pb, i0, chunk, folded);
       }
-      __syncthreads();
-      if (active) run(chunk, folded);
+      if (!active) continue;
+      for (int j = 0; j < folded; ++j) {
+        EventValues<N> ev = chunk[j].ev;
+        ev.rotation = uniform ? &chunk[j].rotation : nullptr;
+        ev.turn = &chunk[j].turn;
+        step(ev);
+      }
     }
   }
 }
