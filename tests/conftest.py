@@ -181,6 +181,24 @@ def folding_train(blocks=40, *, phased=True) -> SequenceDescription:
     return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
 
 
+def carried_train(blocks=6) -> SequenceDescription:
+    """Shifts and spoilers the real plain forward carries into the next event's one pass (event_loop.hpp
+    step_forward_plain), per 10 ms block: two shifts pending at a pulse and then at a sample, a shift ahead
+    of an inversion, a crushed pulse with a shift pending, a sample at the spoiler of every odd block and
+    one after an interval, then a pulse and its sample. Five samples per block."""
+    E, A = SequenceEvent, EventAction
+    events = []
+    for b in range(blocks):
+        t0, flip = b * 10000.0, math.radians(20 + 7 * b)
+        events += [E.rf(t0, 0, RfUse.EXCITATION, flip), E.wait(t0, A.SHIFT_AFTER), E.wait(t0, A.CRUSH_AFTER),
+                   E.adc(t0), E.wait(t0 + 500, A.SHIFT_AFTER), E.rf(t0 + 1000, 0, RfUse.INVERSION, math.pi),
+                   E.wait(t0 + 1500, A.SHIFT_AFTER), E.rf(t0 + 2000, 0, RfUse.EXCITATION, flip, action=A.CRUSH_BEFORE),
+                   E.adc(t0 + 2000), E.wait(t0 + 3000, A.SPOIL_AFTER if b % 2 else A.NONE), E.adc(t0 + 3000),
+                   E.adc(t0 + 3500), E.rf(t0 + 4000, 0, RfUse.EXCITATION, 0.5 * flip), E.adc(t0 + 4000),
+                   E.wait(t0 + 4000, A.SHIFT_AFTER), E.wait(t0 + 5000, A.SHIFT_AFTER)]
+    return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
+
+
 @dataclass(frozen=True)
 class Case:
     """A sequence family: its builder, how many repetitions to play, whether it can take the real path."""

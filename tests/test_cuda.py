@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from conftest import folding_train
+from conftest import carried_train, folding_train
 
 from blochsim import engine
 from blochsim.sequence import TissueProperties, mrf_description
@@ -178,6 +178,17 @@ def test_folded_events_match_host(pools, phased, states, mapping):
     out = {device: engine.simulate(d, tissue(device, pools, n=131), states=states, repetitions=2)
            for device in ("cpu", "cuda")}
     assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape == (131, 152)
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+
+
+@pytest.mark.parametrize("states", (10, 32))
+def test_carried_shifts_match_host(states, mapping):
+    """The real register kernel carries shifts and spoilers into its one pass per event (event_loop.hpp
+    step_forward_plain): conftest.carried_train, played twice, held to the host."""
+    d = carried_train(blocks=12)
+    out = {device: engine.simulate(d, tissue(device, n=131), states=states, repetitions=2, path="real")
+           for device in ("cpu", "cuda")}
+    assert out["cuda"].device.type == "cuda" and out["cuda"].shape == out["cpu"].shape == (131, 60)
     assert rel(out["cuda"], out["cpu"]) < 1e-5
 
 

@@ -15,7 +15,6 @@ does not enter the comparison.
 from __future__ import annotations
 
 import functools
-import math
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from conftest import (
     SWITCHES,
     T1_MS,
     T2_MS,
+    carried_train,
     complex_only,
     f64,
     folding_train,
@@ -44,8 +44,6 @@ from blochsim import _native as nat
 from blochsim._reference import play
 from blochsim.engine import simulate
 from blochsim.engine.program import compile_program
-from blochsim.sequence import EventAction, RfUse, SequenceDescription, SequenceEvent
-from blochsim.sequence.rf import ideal_rf_definition
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}  # see the module docstring
 
@@ -127,18 +125,7 @@ def test_carried_shifts_and_spoilers_match_oracle():
     step_forward_plain): two shifts pending at a pulse and then at a sample, a shift ahead of an inversion, a
     crushed pulse with a shift pending, a sample and an interval after a spoiler. Against the oracle, in both
     precisions."""
-    E, A = SequenceEvent, EventAction
-    events = []
-    for b in range(6):
-        t0, flip = b * 10000.0, math.radians(20 + 7 * b)
-        events += [E.rf(t0, 0, RfUse.EXCITATION, flip), E.wait(t0, A.SHIFT_AFTER), E.wait(t0, A.CRUSH_AFTER),
-                   E.adc(t0), E.wait(t0 + 500, A.SHIFT_AFTER), E.rf(t0 + 1000, 0, RfUse.INVERSION, math.pi),
-                   E.wait(t0 + 1500, A.SHIFT_AFTER), E.rf(t0 + 2000, 0, RfUse.EXCITATION, flip, action=A.CRUSH_BEFORE),
-                   E.adc(t0 + 2000), E.wait(t0 + 3000, A.SPOIL_AFTER if b % 2 else A.NONE), E.adc(t0 + 3000),
-                   E.adc(t0 + 3500),
-                   E.rf(t0 + 4000, 0, RfUse.EXCITATION, 0.5 * flip), E.adc(t0 + 4000), E.wait(t0 + 4000, A.SHIFT_AFTER),
-                   E.wait(t0 + 5000, A.SHIFT_AFTER)]
-    description = SequenceDescription(0, 60000.0, tuple(events), {0: ideal_rf_definition(0)})
+    description = carried_train()
     expected = play(description, tissue(), states=STATES, repetitions=2).signal
     for dtype in DTYPES:
         signal = simulate(description, tissue(), states=STATES, repetitions=2, dtype=dtype, path="real")

@@ -25,7 +25,7 @@ void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb,
   const int64_t V = ts.num_voxels, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
   parallel_for(nblocks, threads, [&](int64_t b, int) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t need = sizeof(S) * state_size(pb);
+    const size_t need = sizeof(S) * 2 * state_size(pb);  // the state and forward_voxel's second
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
     S* work = reinterpret_cast<S*>(scratch_bytes.data());
     SampleIO<N> io;

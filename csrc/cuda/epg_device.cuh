@@ -116,7 +116,7 @@ __device__ __forceinline__ int64_t launched_threads() { return int64_t(gridDim.x
 
 // ---- events decoded once per launch (the value forward) ------------------------------------------------
 // Before a value forward, decode_events_kernel decodes the train kBlockEvents events at a time (BlockEvent,
-// launch_rules.hpp): the event's values and what every voxel would compute alike, the ADC's demodulation
+// layouts.hpp): the event's values and what every voxel would compute alike, the ADC's demodulation
 // and, where B1 and its phase are uniform over the voxels, the RF rotation (its sine and cosine), and
 // folds them. A voxel's event then costs its order work and its relaxation factors. Without the table (the
 // CUDA 12 launcher) each block decodes and folds the chunks itself, in shared memory: on the real 1M forward
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   const int64_t v = active ? thread : V - 1;
   const Problem<R> pb = specialise<KC>(pb_in);
   io.base = v * pb.S;
-  S work[KC > 0 ? 3 * KC : 1];
+  S work[KC > 0 ? 6 * KC : 1];  // the state and step_forward_plain's second
   const Ref<S> states = KC > 0 ? Ref<S>{work, 1} : Ref<S>{scratch + thread, launched_threads()};
   const State<S> x = state_at(pb, states, 0);
   equilibrium_state<S, N>(pb, v, x);
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   Deferral* const deferred = KC > 0 ? &defer : nullptr;
   for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
     if constexpr (KC > 0 && std::is_same<N, S>::value)
-      step_forward_plain(pb, t, ev, x, &io, defer);
+      step_forward_plain(pb, t, ev, x, state_at(pb, states, 1), &io, defer);
     else
       step_forward(pb, v, t, ev, x, &io, LocalShift(), static_cast<const State<S>*>(nullptr), deferred);
   });

@@ -570,34 +570,32 @@ BS_HD RelaxRotate<N> relax_rotate_factors(const N& E1, const N& E2, const N& ca,
   const N rec = R(1) - E1;
   return RelaxRotate<N>{E2, sa * E1, s2 * E2, ca * E1, half_sa * E2, sa * rec, ca * rec};
 }
-// In place over a voxel's whole array (order 0 first), orders ascending: f(k-1) is carried from the order
-// before.
+// From `in` into `out` (another array: in the register kernel the copy back is a renaming), over a voxel's
+// whole array (order 0 first). The first and last orders are taken apart, so the loop between holds no
+// order-dependent branch and vectorises on the host.
 template <int A, class N>
-BS_HD void relax_rotate(Planes<N> x, int64_t K, const RelaxRotate<N>& q) {
-  N carry = N(0);
-  BS_UNROLL
-  for (int64_t k = 0; k < K; ++k) {
-    N F, G;
-    if constexpr (A == 0) {
-      F = x.p[k];
-      G = x.m[k];
-    } else {
-      G = k + 1 < K ? x.m[k + 1] : N(0);
-      F = k == 0 ? G : carry;
-      carry = x.p[k];
-    }
-    const N Z = x.z[k];
+BS_HD void relax_rotate(Planes<N> out, Planes<N> in, int64_t K, const RelaxRotate<N>& q) {
+  const auto order = [&](int64_t k, const N& F, const N& G) {
+    const N Z = in.z[k];
     const N t = F + G;
-    N w = q.a * Z - q.b * t;
-    N z = q.c * Z - q.d * t;
-    if (k == 0) {
-      w += q.a0;
-      z += q.c0;
-    }
-    x.p[k] = q.E2 * F + w;
-    x.m[k] = q.E2 * G + w;
-    x.z[k] = z;
+    const N w = q.a * Z - q.b * t;
+    out.p[k] = q.E2 * F + w;
+    out.m[k] = q.E2 * G + w;
+    out.z[k] = q.c * Z - q.d * t;
+  };
+  if constexpr (A == 0) {
+    BS_NO_ALIAS
+    for (int64_t k = 0; k < K; ++k) order(k, in.p[k], in.m[k]);
+  } else {
+    const N g1 = K > 1 ? in.m[1] : N(0);
+    order(0, g1, g1);
+    BS_NO_ALIAS
+    for (int64_t k = 1; k < K - 1; ++k) order(k, in.p[k - 1], in.m[k + 1]);
+    if (K > 1) order(K - 1, in.p[K - 2], N(0));
   }
+  out.p[0] += q.a0;  // recovery, through w and z'
+  out.m[0] += q.a0;
+  out.z[0] += q.c0;
 }
 template <class N>
 BS_HD void rotate_adjoint(Planes<N> l, Planes<N> x, int64_t K, const Rotation<N>& r, N& g_alpha, N&) {

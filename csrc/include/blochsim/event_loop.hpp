@@ -188,9 +188,9 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
 // pass; shifts are carried to the next pass (Deferral; more than one ahead of a pass: the rest shifted
 // first), and a spoiler rides into it as E2 = 0 (the transverse states it would clear are multiplied by 0).
 // A sample on an event that leaves the states alone takes the carried shifts first.
-template <class N, class R, class IO>
-BS_HD void step_forward_plain(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev, State<N> x, IO* io,
-                              Deferral& defer) {
+template <class N, class R>
+BS_HD void step_forward_plain(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev, State<N> x,
+                              State<N> tmp, const SampleIO<N>* io, Deferral& defer) {
   const int64_t K = x.K;
   int ahead = (ev.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
   if (ev.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) {
@@ -218,9 +218,10 @@ BS_HD void step_forward_plain(const Problem<R>& pb, const Voxel<N>& t, const Eve
     const RelaxRotate<N> q = relax_rotate_factors(E1, E2, ca, sa, s2, half_sa);
     if (ahead > 1) shift_pools(x, K, LocalShift(), ahead - 1);
     if (ahead == 0)
-      relax_rotate<0>(x.water(0), K, q);
+      relax_rotate<0>(tmp.water(0), x.water(0), K, q);
     else
-      relax_rotate<1>(x.water(0), K, q);
+      relax_rotate<1>(tmp.water(0), x.water(0), K, q);
+    copy_state(x, tmp);
     ahead = 0;
   }
   if (io && io->signal && ev.record >= 0 && ev.last_rep) {
@@ -332,9 +333,10 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
   equilibrium_state<S, N>(pb, v, x);
   if constexpr (std::is_same<S, N>::value) {
     if (plain_orders(pb)) {
+      const State<S> tmp = state_at(pb, work, 1);
       Deferral defer;
       for (int64_t rep = 0; rep < pb.reps; ++rep)
-        for (int64_t e = 0; e < pb.E; ++e) step_forward_plain(pb, t, load_event<N>(pb, rep, e), x, &io, defer);
+        for (int64_t e = 0; e < pb.E; ++e) step_forward_plain(pb, t, load_event<N>(pb, rep, e), x, tmp, &io, defer);
       return;
     }
   }
