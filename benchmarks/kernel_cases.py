@@ -120,12 +120,12 @@ def measure(fn, device, repeats: int):
 def fp32_floor_ms(n: int, device) -> tuple[float, float]:
     """The FP32 floor of epg_real at n tissues: flops per order update x updates / measured FP32 rate.
 
-    Per repetition and order the real path does a relaxation (3 multiplies), a rotation (epg.hpp `rotate`:
-    u = f + g, w = sa z - s2 u, f + w, g + w, ca z - half_sa u: 3 adds, 2 multiplies and 2 FMAs) and a shift
-    (moves, or none where it rides on the next relaxation): 12 FLOP, with FMAs counted as 2 (18 before the
-    rotation took 7 operations instead of 9, 2026-12-03). Updates: n x 500 x 32.
+    Per repetition and order the real path runs one pass (epg.hpp `relax_rotate`: the interval, the shift
+    and the pulse composed): t = F + G, w = a Z - b t, f' = E2 F + w, g' = E2 G + w, z' = c Z - d t, that is
+    1 add, 2 multiplies and 4 FMAs: 11 FLOP, with FMAs counted as 2 (12 with the relaxation and the
+    rotation apart, 18 before the rotation took 7 operations instead of 9; 2026-12-03). Updates: n x 500 x 32.
     """
-    flop = 12.0 * n * 500 * STATES
+    flop = 11.0 * n * 500 * STATES
     a = torch.randn(8192, 8192, device=device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.mm(a, a)
