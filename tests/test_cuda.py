@@ -192,6 +192,19 @@ def test_carried_shifts_match_host(states, mapping):
     assert rel(out["cuda"], out["cpu"]) < 1e-5
 
 
+@pytest.mark.parametrize("n", (131, 40_000))  # 40,000 voxels: blocks of 128 threads (launch_rules.hpp threads_for)
+def test_staged_samples_match_host(n, mapping):
+    """The real register kernel keeps its samples in shared memory and writes them 8 at a time (epg_device.cuh
+    StagedSamples): 13 samples a voxel, so a full burst and a partial one at the end, in blocks of 32 and of
+    128 threads (a column of the staging per thread), held to the host."""
+    flips, _ = train(n=13)
+    d = mrf_description(flips, 0.01)
+    out = {device: engine.simulate(d, tissue(device, n=n), states=32, repetitions=2, path="real")
+           for device in ("cpu", "cuda")}
+    assert out["cuda"].shape == out["cpu"].shape == (n, 13)
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+
+
 def test_results_stay_on_the_device_and_odd_voxel_counts_work(mapping):
     flips, _ = train(n=12)
     d = mrf_description(flips, 0.01)

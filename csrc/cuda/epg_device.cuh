@@ -205,9 +205,78 @@ __global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Probl
   if (int(threadIdx.x) < folded) table[i0 + threadIdx.x] = chunk[threadIdx.x];
 }
 
+// Chunk c of the launch's table (its folded events) into shared memory at `to`, without waiting:
+// cp.async (sm_80 on), so the copy runs behind the previous chunk's steps; async_copies_wait() ends it.
+template <class N>
+__device__ __forceinline__ void copy_chunk_async(const BlockEvent<N>* table, int64_t c, int count, void* to) {
+  using Word = uint4;
+  static_assert(sizeof(BlockEvent<N>) % sizeof(Word) == 0, "events copy in 16-byte words");
+  const auto* from = reinterpret_cast<const Word*>(table + c * kBlockEvents);
+  auto* words_to = static_cast<Word*>(to);
+  const int words = count * int(sizeof(BlockEvent<N>) / sizeof(Word));
+  for (int w = threadIdx.x; w < words; w += blockDim.x) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(words_to + w));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(from + w) : "memory");
+#else
+    words_to[w] = from[w];
+#endif
+  }
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void async_copies_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Run body(chunk, count) on the train's folded events (fold_events), a chunk at a time in shared memory:
+// from the launch's table where there is one (chunk c + 1 copied while chunk c is stepped: two buffers),
+// else decoded and folded by the block. Every thread of the block calls it (it synchronises the block).
+template <class N, class S, class R, class Body>
+__device__ __forceinline__ void for_each_chunk(const Problem<R>& pb, const Body& body) {
+  __shared__ alignas(16) unsigned char raw[2][kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors
+  __shared__ int folded;
+  const int64_t chunks = event_chunks(pb);
+  const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
+  const int* const counts = table ? event_counts(table, chunks) : nullptr;
+  int count = 0, after = 0;  // the events of chunks c and c + 1 (a count is read a chunk before its use)
+  if (table) {  // events read from global memory stall each voxel's step on their latency: a copy
+    count = counts[0];
+    after = chunks > 1 ? counts[1] : 0;
+    copy_chunk_async(table, 0, count, raw[0]);
+  }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const BlockEvent<N>* chunk = reinterpret_cast<const BlockEvent<N>*>(raw[table ? c & 1 : 0]);
+    int next = 0;
+    if (table) {
+      next = after;
+      after = c + 2 < chunks ? counts[c + 2] : 0;
+      async_copies_wait();
+      __syncthreads();  // chunk c is in, and every step of chunk c - 1 (the other buffer) is done
+      if (next > 0) copy_chunk_async(table, c + 1, next, raw[(c + 1) & 1]);
+    } else {
+      __syncthreads();  // the previous chunk is read
+      decode_chunk<N, S>(pb, c * kBlockEvents, reinterpret_cast<BlockEvent<N>*>(raw[0]), folded);
+      count = folded;
+    }
+    body(chunk, count);
+    count = next;
+  }
+}
+
+template <class N>
+__device__ __forceinline__ EventValues<N> chunk_event(const BlockEvent<N>* chunk, int j, bool uniform) {
+  EventValues<N> ev = chunk[j].ev;
+  ev.rotation = uniform ? &chunk[j].rotation : nullptr;
+  ev.turn = &chunk[j].turn;
+  return ev;
+}
+
 // Run step(ev) on the train's events in order, folded (fold_events) on the value forward, a chunk at a time
-// in shared memory: copied from the launch's table where there is one, else decoded and folded by the
-// block. Every thread of the block calls it (it synchronises the block); `active`: whether this thread
+// in shared memory (for_each_chunk). Every thread of the block calls it; `active`: whether this thread
 // steps.
 template <class N, class S, class R, class Step>
 __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active, const Step& step) {
@@ -217,36 +286,93 @@ __device__ __forceinline__ void for_each_event(const Problem<R>& pb, bool active
       for (int64_t e = 0; e < pb.E; ++e) step(load_event<N>(pb, rep, e));
   } else {
     const bool uniform = uniform_pulse(pb);
-    __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
-    __shared__ int folded;
-    BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
-    const int64_t chunks = event_chunks(pb);
-    const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t i0 = c * kBlockEvents;
-      __syncthreads();  // the previous chunk is read
-      if (table) {  // a copy: events read from global memory stall each voxel's step on their latency
-        const int folded_here = event_counts(table, chunks)[c];
-        const auto* from = reinterpret_cast<const unsigned long long*>(table + i0);
-        auto* to = reinterpret_cast<unsigned long long*>(raw);
-        static_assert(sizeof(BlockEvent<N>) % sizeof(unsigned long long) == 0, "events copy in 8-byte words");
-        const int words = folded_here * int(sizeof(BlockEvent<N>) / sizeof(unsigned long long));
-        for (int w = threadIdx.x; w < words; w += blockDim.x) to[w] = from[w];
-        if (threadIdx.x == 0) folded = folded_here;
-        __syncthreads();
-      } else {
-        decode_chunk<N, S>(pb, i0, chunk, folded);
-      }
-      if (!active) continue;
-      for (int j = 0; j < folded; ++j) {
-        EventValues<N> ev = chunk[j].ev;
-        ev.rotation = uniform ? &chunk[j].rotation : nullptr;
-        ev.turn = &chunk[j].turn;
-        step(ev);
-      }
-    }
+    for_each_chunk<N, S>(pb, [&](const BlockEvent<N>* chunk, int count) {
+      if (!active) return;
+      for (int j = 0; j < count; ++j) step(chunk_event(chunk, j, uniform));
+    });
   }
 }
+
+// What plain_event reads of a chunk's event, copied into registers (the rotation's four factors the real
+// path uses, with B1 uniform).
+template <class N>
+struct HeldEvent {
+  EventValues<N> ev;
+  Rotation<N> rotation;
+  Cx<N> turn;
+};
+template <class N>
+__device__ __forceinline__ HeldEvent<N> hold_event(const BlockEvent<N>* chunk, int j, bool uniform) {
+  HeldEvent<N> h;
+  h.ev = chunk[j].ev;
+  if (uniform) {
+    const Rotation<N>& r = chunk[j].rotation;
+    h.rotation.ca = r.ca;
+    h.rotation.sa = r.sa;
+    h.rotation.s2 = r.s2;
+    h.rotation.half_sa = r.half_sa;
+  }
+  h.turn = chunk[j].turn;
+  return h;
+}
+
+// The real register kernel's events, pipelined: event j + 1's values are read from shared memory before
+// event j's pass and taken apart (plain_event) after it, so the loads' latency hides behind the pass.
+// Read and used at once, the warps (three per scheduler) waited on those loads for a fifth of their cycles
+// (ncu source counters, 2026-12-03).
+template <class N, class R, class Step>
+__device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const Voxel<N>& t, bool active,
+                                                     const Step& step) {
+  const bool uniform = uniform_pulse(pb);
+  const auto values = [&](const HeldEvent<N>& h) {
+    const EventValues<N>& ev = h.ev;
+    return plain_event(
+        pb, t, ev,
+        [&] { return uniform ? h.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
+        [&] { return h.turn; });
+  };
+  for_each_chunk<N, N>(pb, [&](const BlockEvent<N>* chunk, int count) {
+    if (!active || count == 0) return;
+    HeldEvent<N> held = hold_event(chunk, 0, uniform);
+    PlainEvent<N> pe = values(held);
+    for (int j = 0; j < count; ++j) {
+      held = hold_event(chunk, min(j + 1, count - 1), uniform);
+      step(pe);
+      pe = values(held);
+    }
+  });
+}
+
+// The real register kernel's samples, kept in shared memory and written kStaged at a time. A global store
+// holds its registers until the memory pipeline takes it, a warp's 32 voxels' samples lying 8 S bytes apart,
+// and the next event's values reused them at once: a twelfth of the warps' cycles waited there (ncu source
+// counters, 2026-12-03). A burst of stores waits once. Shared: [kStaged][kMaxThreads], a column per thread.
+struct StagedSamples {
+  static constexpr int kStaged = 8;
+  static constexpr int kMaxThreads = 128;  // the kernel's largest block (threads_for)
+  SampleIO<float> io;
+  float* signal;  // io.signal: step_forward_plain asks whether there is one
+  float2* values;  // this thread's column
+  int* records;
+  int n = 0;
+  __device__ void put(int64_t s, const Cx<float>& x) {
+    values[n * kMaxThreads] = make_float2(x.re, x.im);
+    records[n * kMaxThreads] = int(s);
+    if (++n == kStaged) {
+      BS_UNROLL
+      for (int i = 0; i < kStaged; ++i) write(i);
+      n = 0;
+    }
+  }
+  __device__ void write(int i) const {
+    const float2 v = values[i * kMaxThreads];
+    io.put(records[i * kMaxThreads], Cx<float>(v.x, v.y));
+  }
+  __device__ void flush() {
+    for (int i = 0; i < n; ++i) write(i);
+    n = 0;
+  }
+};
 
 // Threads past the last voxel (the last block's padding) take part in the block's event copies and step
 // nothing. The real register kernel (K = 32) is held to 168 registers, three blocks per multiprocessor:
@@ -272,12 +398,27 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   const Voxel<N> t = load_voxel<N>(pb, v);
   Deferral defer;  // the register kernel's layout is plain (specialise): its shifts commute with intervals
   Deferral* const deferred = KC > 0 ? &defer : nullptr;
-  for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
-    if constexpr (KC > 0 && std::is_same<N, S>::value)
-      step_forward_plain(pb, t, ev, x, state_at(pb, states, 1), &io, defer);
-    else
+  if constexpr (KC > 0 && std::is_same<N, S>::value) {
+    const auto run = [&](auto* samples) {
+      for_each_plain_event(pb, t, active, [&](const PlainEvent<N>& pe) {
+        step_forward_plain(pe, x, state_at(pb, states, 1), samples, defer);
+      });
+    };
+    if constexpr (std::is_same<N, float>::value) {
+      constexpr int kSlots = StagedSamples::kStaged * StagedSamples::kMaxThreads;
+      __shared__ float2 staged_values[kSlots];
+      __shared__ int staged_records[kSlots];
+      StagedSamples staged{io, io.signal, staged_values + threadIdx.x, staged_records + threadIdx.x};
+      run(&staged);
+      if (active) staged.flush();
+    } else {
+      run(&io);
+    }
+  } else {
+    for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
       step_forward(pb, v, t, ev, x, &io, LocalShift(), static_cast<const State<S>*>(nullptr), deferred);
-  });
+    });
+  }
 }
 
 template <class N, class S, int KC, class R>

@@ -183,39 +183,64 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
 }
 
+// An event of the real plain path as one voxel steps it (plain_event): its interval's exponentials, its
+// pulse's rotation (an inversion: ca = -inv) and, where it samples, the demodulation times M0. Taking these
+// apart from the pass lets the register kernel form event j + 1's while event j's pass runs
+// (epg_device.cuh for_each_plain_event), so their loads and exponentials wait on nothing.
+template <class N>
+struct PlainEvent {
+  int32_t action, record;  // record: the sample written (-1: none, also before the last repetition)
+  N E1, E2, ca, sa, s2, half_sa;
+  Cx<N> turn;
+};
+// rotation(): the pulse's Rotation; turn(): the demodulation (each asked for only where the event needs it).
+template <class N, class R, class GetRotation, class GetTurn>
+BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev,
+                                const GetRotation& rotation, const GetTurn& turn) {
+  PlainEvent<N> pe{ev.action, ev.last_rep ? ev.record : -1, N(1), N(1), N(1), N(0), N(0), N(0), Cx<N>()};
+  if (ev.action & BS_INTERVAL) {
+    const Interval<N> iv = make_interval(pb, t, ev.dt, false);
+    pe.E1 = iv.E1;
+    pe.E2 = iv.E2;
+  }
+  if (ev.action & BS_INVERSION) {
+    pe.ca = -t.inv;
+  } else if (ev.action & BS_ROTATE) {
+    const Rotation<N> r = rotation();
+    pe.ca = r.ca;
+    pe.sa = r.sa;
+    pe.s2 = r.s2;
+    pe.half_sa = r.half_sa;
+  }
+  if (pe.record >= 0) pe.turn = turn() * t.m0;
+  return pe;
+}
+template <class N, class R>
+BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev) {
+  return plain_event(
+      pb, t, ev,
+      [&] { return ev.rotation ? *ev.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
+      [&] { return ev.turn ? *ev.turn : cis(-ev.phase); });
+}
+
 // The value forward (and JVP) of the real plain path: one pool, every order relaxing alike, the whole
 // array held here (the host, the register kernel). An event that touches the states is one relax_rotate
 // pass; shifts are carried to the next pass (Deferral; more than one ahead of a pass: the rest shifted
 // first), and a spoiler rides into it as E2 = 0 (the transverse states it would clear are multiplied by 0).
 // A sample on an event that leaves the states alone takes the carried shifts first.
-template <class N, class R>
-BS_HD void step_forward_plain(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev, State<N> x,
-                              State<N> tmp, const SampleIO<N>* io, Deferral& defer) {
+// io: a SampleIO, or what takes its put() (the register kernel's StagedSamples).
+template <class N, class IO>
+BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
   const int64_t K = x.K;
-  int ahead = (ev.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
-  if (ev.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) {
-    N E1 = N(1), E2 = N(1);
-    if (ev.action & BS_INTERVAL) {
-      const Interval<N> iv = make_interval(pb, t, ev.dt, false);
-      E1 = iv.E1;
-      E2 = iv.E2;
-    }
+  int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
+  if (pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) {
+    N E2 = pe.E2;
     if (defer.spoiled) {
       E2 = N(0);
       ahead = 0;
       defer.spoiled = false;
     }
-    N ca = N(1), sa = N(0), s2 = N(0), half_sa = N(0);
-    if (ev.action & BS_INVERSION) {
-      ca = -t.inv;
-    } else if (ev.action & BS_ROTATE) {
-      const Rotation<N> r = ev.rotation ? *ev.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false);
-      ca = r.ca;
-      sa = r.sa;
-      s2 = r.s2;
-      half_sa = r.half_sa;
-    }
-    const RelaxRotate<N> q = relax_rotate_factors(E1, E2, ca, sa, s2, half_sa);
+    const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
     if (ahead > 1) shift_pools(x, K, LocalShift(), ahead - 1);
     if (ahead == 0)
       relax_rotate<0>(tmp.water(0), x.water(0), K, q);
@@ -224,19 +249,19 @@ BS_HD void step_forward_plain(const Problem<R>& pb, const Voxel<N>& t, const Eve
     copy_state(x, tmp);
     ahead = 0;
   }
-  if (io && io->signal && ev.record >= 0 && ev.last_rep) {
+  if (io && io->signal && pe.record >= 0) {
     if (ahead > 0 && !defer.spoiled) {  // a sample on an event that leaves the states alone: shift first
       shift_pools(x, K, LocalShift(), ahead);
       ahead = 0;
     }
     const N f0 = defer.spoiled ? N(0) : x.fp(0)[0];
-    io->put(ev.record, transverse(f0) * (ev.turn ? *ev.turn : cis(-ev.phase)) * t.m0);
+    io->put(pe.record, transverse(f0) * pe.turn);
   }
-  if (ev.action & BS_SPOIL_AFTER) {
+  if (pe.action & BS_SPOIL_AFTER) {
     defer.spoiled = true;
     defer.pending = 0;
   } else {
-    defer.pending = ahead + (ev.action & BS_CRUSH_AFTER ? 1 : 0) + (ev.action & BS_SHIFT_AFTER ? 1 : 0);
+    defer.pending = ahead + (pe.action & BS_CRUSH_AFTER ? 1 : 0) + (pe.action & BS_SHIFT_AFTER ? 1 : 0);
   }
 }
 
@@ -336,7 +361,8 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
       const State<S> tmp = state_at(pb, work, 1);
       Deferral defer;
       for (int64_t rep = 0; rep < pb.reps; ++rep)
-        for (int64_t e = 0; e < pb.E; ++e) step_forward_plain(pb, t, load_event<N>(pb, rep, e), x, tmp, &io, defer);
+        for (int64_t e = 0; e < pb.E; ++e)
+          step_forward_plain(plain_event(pb, t, load_event<N>(pb, rep, e)), x, tmp, &io, defer);
       return;
     }
   }
