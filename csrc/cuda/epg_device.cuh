@@ -6,9 +6,10 @@
 // unroll); any other K and the tabulated layouts keep their states in device scratch. Value forwards read
 // their events decoded and folded once per launch (decode_events_kernel, for_each_event, fold_events), and
 // plain layouts carry a shift into the next interval (Deferral, event_loop.hpp); the real register kernel
-// runs each event as one pass over its orders (step_forward_plain). Adjoints keep their replay buffer and checkpoints
-// (every stride-th state) in device scratch, and sum event-value gradients over voxels with a warp
-// reduction and one atomic per warp.
+// runs each event as one pass over its orders (step_forward_plain), reading the next event's values ahead
+// (for_each_plain_event) and writing its samples in bursts (StagedSamples). Adjoints keep their replay
+// buffer and checkpoints (every stride-th state) in device scratch, and sum event-value gradients over
+// voxels with a warp reduction and one atomic per warp.
 #pragma once
 
 #include <cuda_runtime.h>
