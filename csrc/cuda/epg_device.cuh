@@ -348,11 +348,10 @@ __device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const
 // holds its registers until the memory pipeline takes it, a warp's 32 voxels' samples lying 8 S bytes apart,
 // and the next event's values reused them at once: a twelfth of the warps' cycles waited there (ncu source
 // counters, 2026-12-03). A burst of stores waits once. Shared: [kStaged][kMaxThreads], a column per thread.
-struct StagedSamples {
+// It is the kernel's SampleIO with put() kept back (step_forward_plain reads its `signal` as it is).
+struct StagedSamples : SampleIO<float> {
   static constexpr int kStaged = 8;
   static constexpr int kMaxThreads = 128;  // the kernel's largest block (threads_for)
-  SampleIO<float> io;
-  float* signal;  // io.signal: step_forward_plain asks whether there is one
   float2* values;  // this thread's column
   int* records;
   int n = 0;
@@ -367,7 +366,7 @@ struct StagedSamples {
   }
   __device__ void write(int i) const {
     const float2 v = values[i * kMaxThreads];
-    io.put(records[i * kMaxThreads], Cx<float>(v.x, v.y));
+    SampleIO<float>::put(records[i * kMaxThreads], Cx<float>(v.x, v.y));
   }
   __device__ void flush() {
     for (int i = 0; i < n; ++i) write(i);
@@ -409,7 +408,7 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
       constexpr int kSlots = StagedSamples::kStaged * StagedSamples::kMaxThreads;
       __shared__ float2 staged_values[kSlots];
       __shared__ int staged_records[kSlots];
-      StagedSamples staged{io, io.signal, staged_values + threadIdx.x, staged_records + threadIdx.x};
+      StagedSamples staged{{io}, staged_values + threadIdx.x, staged_records + threadIdx.x};
       run(&staged);
       if (active) staged.flush();
     } else {
