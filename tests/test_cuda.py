@@ -205,6 +205,52 @@ def test_staged_samples_match_host(n, mapping):
     assert rel(out["cuda"], out["cpu"]) < 1e-5
 
 
+def test_repetition_times_that_change_match_host(monkeypatch):
+    """The real register kernel keeps an interval's exponentials while its length repeats
+    (epg_device.cuh for_each_plain_event): TRs that repeat, change and come back, an inversion delay and a
+    second playing's wrap interval, held to the host."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
+    flips, _ = train(n=24)
+    trs = torch.tensor([10.0, 10, 10, 12, 12, 8, 10, 10, 15, 15, 15, 15] * 2) * 1e-3
+    d = mrf_description(flips, trs, inversion_time_s=0.02)
+    out = {device: engine.simulate(d, tissue(device, n=300), states=32, repetitions=2, path="real")
+           for device in ("cpu", "cuda")}
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+    same = engine.simulate(mrf_description(flips, 0.01, inversion_time_s=0.02), tissue("cuda", n=300), states=32,
+                           repetitions=2, path="real")
+    assert rel(same, out["cuda"]) > 1e-3  # the TRs matter: a kernel that kept the first one would fail
+
+
+def test_staged_samples_out_of_order(monkeypatch):
+    """Slots that do not follow the events' order (a program's `record` permuted) take the staging's
+    per-thread writes, not the warp's writes across its voxels (StagedSamples): the same signal, its sample
+    columns permuted, bit for bit, and the host's. 4001 voxels: whole warps and a part of one."""
+    import dataclasses
+
+    import numpy as np
+
+    from blochsim.engine.functions import EpgSimulate
+    from blochsim.engine.program import compile_program
+    from blochsim.engine.simulate import bind
+
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
+    flips, _ = train(n=13)
+    program = compile_program(mrf_description(flips, 0.01), states=32)
+    perm = np.random.default_rng(5).permutation(program.num_samples)
+    record = np.where(program.record >= 0, perm[np.maximum(program.record, 0)], -1).astype(np.int32)
+    shuffled = dataclasses.replace(program, record=record)
+    out = {}
+    for device in ("cpu", "cuda"):
+        t = tissue(device, n=4001)
+        out[device] = []
+        for p in (program, shuffled):
+            static, inputs, _ = bind(p, t, torch.float32)
+            out[device].append(EpgSimulate.apply(static, *inputs))
+    ordered, permuted = out["cuda"]
+    assert torch.equal(permuted[:, perm], ordered)
+    assert rel(permuted, out["cpu"][1]) < 1e-5
+
+
 def test_results_stay_on_the_device_and_odd_voxel_counts_work(mapping):
     flips, _ = train(n=12)
     d = mrf_description(flips, 0.01)
@@ -226,5 +272,7 @@ def test_sanitizer_case():
                 test_forward_matches_host(pools, True, 10, mapping)
                 if mapping in ("warp", "thread"):  # groups of lanes serve the value forward only
                     test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
+            if mapping == "thread":  # the real register kernel (32 orders): its samples staged, per warp and not
+                test_staged_samples_match_host(131, mapping)
         finally:
             del os.environ["BLOCHSIM_CUDA_MAPPING"]

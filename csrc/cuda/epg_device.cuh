@@ -325,10 +325,25 @@ template <class N, class R, class Step>
 __device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const Voxel<N>& t, bool active,
                                                      const Step& step) {
   const bool uniform = uniform_pulse(pb);
+  // The last interval's exponentials, taken again while its length repeats (one TR through a train): the
+  // two exponentials were a twentieth of an event's instructions (sm_90 SASS, K = 32).
+  N dt_held = N(NAN);
+  Decay<N> decay_held{};
   const auto values = [&](const HeldEvent<N>& h) {
     const EventValues<N>& ev = h.ev;
+    const auto decay = [&] {
+      if constexpr (Num<N>::P > 0) {  // a tangent of dt or of the rates may change where dt does not
+        return make_decay(pb, t, ev.dt);
+      } else {
+        if (!(ev.dt == dt_held)) {
+          dt_held = ev.dt;
+          decay_held = make_decay(pb, t, ev.dt);
+        }
+        return decay_held;
+      }
+    };
     return plain_event(
-        pb, t, ev,
+        t, ev, decay,
         [&] { return uniform ? h.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
         [&] { return h.turn; });
   };
@@ -347,26 +362,53 @@ __device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const
 // The real register kernel's samples, kept in shared memory and written kStaged at a time. A global store
 // holds its registers until the memory pipeline takes it, a warp's 32 voxels' samples lying 8 S bytes apart,
 // and the next event's values reused them at once: a twelfth of the warps' cycles waited there (ncu source
-// counters, 2026-12-03). A burst of stores waits once. Shared: [kStaged][kMaxThreads], a column per thread.
+// counters, 2026-12-03). A burst of stores waits once. Shared: [kStaged][kRow], a column per thread.
+// A whole warp's burst of consecutive samples (a train's, one per event) is written across the warp: each
+// store covers 32 / kStaged voxels' kStaged samples, whole 32-byte sectors, where a thread's own stores put 8
+// bytes into each of 32 sectors (the L2 at 73 % of its throughput at 1M voxels, ncu 2026-12-03).
 // It is the kernel's SampleIO with put() kept back (step_forward_plain reads its `signal` as it is).
 struct StagedSamples : SampleIO<float> {
   static constexpr int kStaged = 8;
   static constexpr int kMaxThreads = 128;  // the kernel's largest block (threads_for)
+  // A row's stride: 4 float2 over the block, so the warp's read of kStaged rows of 4 columns meets every
+  // bank once per 256 bytes.
+  static constexpr int kRow = kMaxThreads + 4;
   float2* values;  // this thread's column
   int* records;
-  int n = 0;
+  int64_t samples;  // a voxel's (its row of the signal)
+  int n = 0, first = 0;
+  bool consecutive = true;  // records first, first + 1, ... (the same on every thread: one train)
   __device__ void put(int64_t s, const Cx<float>& x) {
-    values[n * kMaxThreads] = make_float2(x.re, x.im);
-    records[n * kMaxThreads] = int(s);
+    values[n * kRow] = make_float2(x.re, x.im);
+    records[n * kRow] = int(s);
+    if (n == 0) first = int(s);
+    consecutive = consecutive && int(s) == first + n;
     if (++n == kStaged) {
-      BS_UNROLL
-      for (int i = 0; i < kStaged; ++i) write(i);
+      if (consecutive && __activemask() == 0xffffffffu) {
+        write_across_warp();
+      } else {
+        BS_UNROLL
+        for (int i = 0; i < kStaged; ++i) write(i);
+      }
       n = 0;
+      consecutive = true;
     }
   }
+  // Every lane of the warp is here, each voxel v = its thread's (forward_kernel), base = v * samples.
+  __device__ void write_across_warp() const {
+    constexpr int kVoxels = 32 / kStaged;  // per store
+    const int lane = threadIdx.x & 31, voxel = lane / kStaged, i = lane % kStaged;
+    const float2* from = values - lane + i * kRow + voxel;
+    float2* to = reinterpret_cast<float2*>(signal) + (base + (voxel - lane) * samples + first + i);
+    const int64_t step = kVoxels * samples;
+    __syncwarp();  // the warp's columns are written
+    BS_UNROLL
+    for (int q = 0; q < kStaged; ++q, to += step) to[0] = from[q * kVoxels];
+    __syncwarp();  // read before the next burst writes them
+  }
   __device__ void write(int i) const {
-    const float2 v = values[i * kMaxThreads];
-    SampleIO<float>::put(records[i * kMaxThreads], Cx<float>(v.x, v.y));
+    const float2 v = values[i * kRow];
+    SampleIO<float>::put(records[i * kRow], Cx<float>(v.x, v.y));
   }
   __device__ void flush() {
     for (int i = 0; i < n; ++i) write(i);
@@ -405,10 +447,10 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
       });
     };
     if constexpr (std::is_same<N, float>::value) {
-      constexpr int kSlots = StagedSamples::kStaged * StagedSamples::kMaxThreads;
+      constexpr int kSlots = StagedSamples::kStaged * StagedSamples::kRow;
       __shared__ float2 staged_values[kSlots];
       __shared__ int staged_records[kSlots];
-      StagedSamples staged{{io}, staged_values + threadIdx.x, staged_records + threadIdx.x};
+      StagedSamples staged{{io}, staged_values + threadIdx.x, staged_records + threadIdx.x, pb.S};
       run(&staged);
       if (active) staged.flush();
     } else {

@@ -193,15 +193,25 @@ struct PlainEvent {
   N E1, E2, ca, sa, s2, half_sa;
   Cx<N> turn;
 };
-// rotation(): the pulse's Rotation; turn(): the demodulation (each asked for only where the event needs it).
-template <class N, class R, class GetRotation, class GetTurn>
-BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev,
+template <class N>
+struct Decay {  // an interval's relaxation
+  N E1, E2;
+};
+template <class N, class R>
+BS_HD Decay<N> make_decay(const Problem<R>& pb, const Voxel<N>& t, const N& dt) {
+  const Interval<N> iv = make_interval(pb, t, dt, false);
+  return Decay<N>{iv.E1, iv.E2};
+}
+// decay(): the interval's Decay; rotation(): the pulse's Rotation; turn(): the demodulation (each asked for
+// only where the event needs it).
+template <class N, class GetDecay, class GetRotation, class GetTurn>
+BS_HD PlainEvent<N> plain_event(const Voxel<N>& t, const EventValues<N>& ev, const GetDecay& decay,
                                 const GetRotation& rotation, const GetTurn& turn) {
   PlainEvent<N> pe{ev.action, ev.last_rep ? ev.record : -1, N(1), N(1), N(1), N(0), N(0), N(0), Cx<N>()};
   if (ev.action & BS_INTERVAL) {
-    const Interval<N> iv = make_interval(pb, t, ev.dt, false);
-    pe.E1 = iv.E1;
-    pe.E2 = iv.E2;
+    const Decay<N> d = decay();
+    pe.E1 = d.E1;
+    pe.E2 = d.E2;
   }
   if (ev.action & BS_INVERSION) {
     pe.ca = -t.inv;
@@ -218,7 +228,7 @@ BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const E
 template <class N, class R>
 BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev) {
   return plain_event(
-      pb, t, ev,
+      t, ev, [&] { return make_decay(pb, t, ev.dt); },
       [&] { return ev.rotation ? *ev.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
       [&] { return ev.turn ? *ev.turn : cis(-ev.phase); });
 }

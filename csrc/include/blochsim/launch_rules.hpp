@@ -67,8 +67,8 @@ inline int registers_layout(const Problem<R>& pb) {
 // With the register kernel's values read ahead and samples staged (epg_device.cuh; 2026-12-03, fourth
 // session, benchmarks/results/mapping/real-thread-lanes4-*): real thread / lanes4, two rounds, 3k
 // 0.46,0.48/0.44,0.50, 6k 0.44,0.44/0.47,0.55, 9k 0.45,0.52/0.54,0.63, 12k 0.44,0.51/0.53,0.70, 20k
-// 0.54,0.61/0.76,0.76: the thread is the better choice from 6k voxels. The switch stays at 12k until the GPU
-// tests have run with it (the session's device time ran out first).
+// 0.54,0.61/0.76,0.76: the real path's thread from 6k voxels (was 12k; applied the fifth session, with the
+// GPU tests run on it).
 // BLOCHSIM_CUDA_MAPPING=thread|warp|lanes4|lanes8 forces one (where it applies), so benchmarks can compare.
 // -1: not forced; else the lanes per voxel (1: a thread).
 inline int forced_mapping() {
@@ -96,8 +96,8 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
-  // Real path: a thread past 12k voxels, where it holds its states in registers (plain_orders).
-  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 12000 || !plain_orders(pb) ? 4 : 1;
+  // Real path: a thread past 6k voxels, where it holds its states in registers (plain_orders).
+  if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
   return V <= (pb.tabulated ? 8000 : 5000) ? 8 : 4;
 }
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
