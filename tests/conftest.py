@@ -199,6 +199,27 @@ def carried_train(blocks=6) -> SequenceDescription:
     return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
 
 
+
+def shot_train(blocks=150, *, every=37) -> SequenceDescription:
+    """Shots (an interval, a pulse, its sample, a crusher or a shift after it: csrc/cuda/epg_device.cuh
+    shot_event) broken now and then, across the device's chunks of 64 events: every `every`-th block a
+    spoiler 5 ms in (an interval and a spoiler), every `every + 4`-th an inversion 2 ms in, block 100 a pulse
+    without a sample and block 120 a crusher and a shift after its pulse."""
+    E, A = SequenceEvent, EventAction
+    events = []
+    for b in range(blocks):
+        t0, flip = b * 10000.0, math.radians(5 + 55 * math.sin(0.03 * b) ** 2)
+        events += [E.rf(t0, 0, RfUse.EXCITATION, flip)]
+        events += [E.adc(t0)] if b != 100 else []
+        events += [E.wait(t0, A.CRUSH_AFTER if b % 3 else A.SHIFT_AFTER)]  # either is one shift
+        if b == 120:
+            events += [E.wait(t0, A.SHIFT_AFTER)]  # two: not a shot
+        if b % (every + 4) == every + 3:
+            events += [E.rf(t0 + 2000, 0, RfUse.INVERSION, math.pi)]
+        if b % every == every - 1:
+            events += [E.wait(t0 + 5000, A.SPOIL_AFTER)]
+    return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
+
 @dataclass(frozen=True)
 class Case:
     """A sequence family: its builder, how many repetitions to play, whether it can take the real path."""

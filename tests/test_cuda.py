@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from conftest import carried_train, folding_train
+from conftest import carried_train, folding_train, shot_train
 
 from blochsim import engine
 from blochsim.sequence import TissueProperties, mrf_description
@@ -202,6 +202,20 @@ def test_staged_samples_match_host(n, mapping):
     out = {device: engine.simulate(d, tissue(device, n=n), states=32, repetitions=2, path="real")
            for device in ("cpu", "cuda")}
     assert out["cuda"].shape == out["cpu"].shape == (n, 13)
+    assert rel(out["cuda"], out["cpu"]) < 1e-5
+
+
+@pytest.mark.parametrize("n", (131, 4001))
+def test_shots_match_host(n, monkeypatch):
+    """The real register kernel runs a shot after a shot without asking the event what it is
+    (epg_device.cuh step_shot, events_before_shots): conftest.shot_train, its shots broken by spoilers,
+    inversions and a pulse without a sample across chunks, played twice (the first playing's shots sample
+    nothing), held to the host."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
+    d = shot_train()
+    out = {device: engine.simulate(d, tissue(device, n=n), states=32, repetitions=2, path="real")
+           for device in ("cpu", "cuda")}
+    assert out["cuda"].shape == out["cpu"].shape == (n, 149)
     assert rel(out["cuda"], out["cpu"]) < 1e-5
 
 

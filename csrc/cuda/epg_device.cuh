@@ -317,44 +317,95 @@ __device__ __forceinline__ HeldEvent<N> hold_event(const BlockEvent<N>* chunk, i
   return h;
 }
 
+// A shot: an interval, a pulse and one shift after it (a crusher or a gradient), nothing else but a sample:
+// each repetition of an MRF or FISP train, once folded (fold_events). After a shot the carried state is one
+// shift and no spoiler (Deferral{1, false}), so a shot after a shot is one shifted pass and its sample
+// (step_shot): no branch on the event's action or on the carried shifts.
+__device__ __forceinline__ bool shot_event(const int32_t action) {
+  constexpr int32_t kPass = BS_INTERVAL | BS_ROTATE;
+  constexpr int32_t kOther = BS_INVERSION | BS_CRUSH_BEFORE | BS_SPOIL_AFTER;
+  const int32_t after = action & (BS_CRUSH_AFTER | BS_SHIFT_AFTER);
+  return (action & (kPass | kOther)) == kPass && (after == BS_CRUSH_AFTER || after == BS_SHIFT_AFTER);
+}
+template <class N, class IO>
+__device__ __forceinline__ void step_shot(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io) {
+  const RelaxRotate<N> q = relax_rotate_factors(pe.E1, pe.E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
+  relax_rotate<1>(tmp.water(0), x.water(0), x.K, q);
+  copy_state(x, tmp);
+  if (io->signal && pe.record >= 0) io->put(pe.record, transverse(x.fp(0)[0]) * pe.turn);
+}
+
+// Which of a chunk's events step_forward_plain takes (bit j: event j), step_shot the rest: the first (the
+// state a chunk starts from is not known here), those that are not shots and the shot after each of those
+// (it meets the state that event left). Every thread of the block calls it (it synchronises the block;
+// blocks of whole warps).
+template <class N>
+__device__ __forceinline__ uint64_t events_not_shot(const BlockEvent<N>* chunk, int count) {
+  static_assert(kBlockEvents == 64, "a bit per event of a chunk");
+  __shared__ unsigned others[2];  // a bit per event that is not a shot
+  for (int j = threadIdx.x; j < kBlockEvents; j += blockDim.x) {
+    const unsigned word = __ballot_sync(0xffffffffu, j < count && !shot_event(chunk[j].ev.action));
+    if ((j & 31) == 0) others[j / 32] = word;
+  }
+  __syncthreads();
+  const uint64_t other = others[0] | uint64_t(others[1]) << 32;
+  return other | other << 1 | 1;
+}
+// The first event at or after `from` whose bit is set (count: none).
+__device__ __forceinline__ int next_event(uint64_t events, int from, int count) {
+  const uint64_t after = from < 64 ? events & ~uint64_t(0) << from : 0;
+  return after ? min(__ffsll(static_cast<long long>(after)) - 1, count) : count;
+}
+
 // The real register kernel's events, pipelined: event j + 1's values are read from shared memory before
 // event j's pass and taken apart (plain_event) after it, so the loads' latency hides behind the pass.
 // Read and used at once, the warps (three per scheduler) waited on those loads for a fifth of their cycles
-// (ncu source counters, 2026-12-03).
+// (ncu source counters, 2026-12-03). step(pe, shot): shot is std::true_type for a shot after a shot
+// (events_not_shot; with B1 uniform), whose loop asks nothing of an event's action.
 template <class N, class R, class Step>
 __device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const Voxel<N>& t, bool active,
                                                      const Step& step) {
+  static_assert(Num<N>::P == 0, "the register kernel runs the value forward (launch_rules.hpp registers_layout)");
   const bool uniform = uniform_pulse(pb);
-  // The last interval's exponentials, taken again while its length repeats (one TR through a train): the
-  // two exponentials were a twentieth of an event's instructions (sm_90 SASS, K = 32).
-  N dt_held = N(NAN);
-  Decay<N> decay_held{};
   const auto values = [&](const HeldEvent<N>& h) {
     const EventValues<N>& ev = h.ev;
-    const auto decay = [&] {
-      if constexpr (Num<N>::P > 0) {  // a tangent of dt or of the rates may change where dt does not
-        return make_decay(pb, t, ev.dt);
-      } else {
-        if (!(ev.dt == dt_held)) {
-          dt_held = ev.dt;
-          decay_held = make_decay(pb, t, ev.dt);
-        }
-        return decay_held;
-      }
-    };
     return plain_event(
-        t, ev, decay,
+        t, ev, [&] { return make_decay(pb, t, ev.dt); },
         [&] { return uniform ? h.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
         [&] { return h.turn; });
   };
   for_each_chunk<N, N>(pb, [&](const BlockEvent<N>* chunk, int count) {
+    const uint64_t general = uniform ? events_not_shot(chunk, count) : ~uint64_t(0);
     if (!active || count == 0) return;
-    HeldEvent<N> held = hold_event(chunk, 0, uniform);
-    PlainEvent<N> pe = values(held);
-    for (int j = 0; j < count; ++j) {
-      held = hold_event(chunk, min(j + 1, count - 1), uniform);
-      step(pe);
-      pe = values(held);
+    for (int j = 0; j < count;) {  // a run of other events (at least one), then a run of shots
+      HeldEvent<N> held = hold_event(chunk, j, uniform);
+      PlainEvent<N> pe = values(held);  // (the run of shots before took this event for a shot)
+      for (const int shots = next_event(~general, j, count); j < shots; ++j) {
+        held = hold_event(chunk, min(j + 1, count - 1), uniform);
+        step(pe, std::false_type());
+        pe = values(held);
+      }
+      // The shots' exponentials, taken again while the interval's length repeats (one TR through a train):
+      // the two exponentials were a twentieth of an event's instructions (sm_90 SASS, K = 32). Kept for a
+      // run of shots alone: held through the other events too, they left the register kernel registers
+      // short (spilled).
+      N dt_held = N(NAN);
+      Decay<N> decay_held{};
+      const auto shot_values = [&](const HeldEvent<N>& h) {  // plain_event of a shot, B1 uniform
+        if (!(h.ev.dt == dt_held)) {
+          dt_held = h.ev.dt;
+          decay_held = make_decay(pb, t, h.ev.dt);
+        }
+        const Rotation<N>& r = h.rotation;
+        const int32_t record = h.ev.last_rep ? h.ev.record : -1;
+        return PlainEvent<N>{h.ev.action, record, decay_held.E1, decay_held.E2, r.ca, r.sa, r.s2, r.half_sa,
+                             h.turn * t.m0};
+      };
+      for (const int others = next_event(general, j, count); j < others; ++j) {
+        held = hold_event(chunk, min(j + 1, count - 1), true);
+        step(pe, std::true_type());
+        pe = shot_values(held);
+      }
     }
   });
 }
@@ -442,8 +493,11 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   Deferral* const deferred = KC > 0 ? &defer : nullptr;
   if constexpr (KC > 0 && std::is_same<N, S>::value) {
     const auto run = [&](auto* samples) {
-      for_each_plain_event(pb, t, active, [&](const PlainEvent<N>& pe) {
-        step_forward_plain(pe, x, state_at(pb, states, 1), samples, defer);
+      for_each_plain_event(pb, t, active, [&](const PlainEvent<N>& pe, auto shot) {
+        if constexpr (decltype(shot)::value)
+          step_shot(pe, x, state_at(pb, states, 1), samples);
+        else
+          step_forward_plain(pe, x, state_at(pb, states, 1), samples, defer);
       });
     };
     if constexpr (std::is_same<N, float>::value) {
