@@ -57,8 +57,11 @@ class TissueProperties:
 
     def items(self):
         """(field name, value) pairs in declaration order."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        return [(name, getattr(self, name)) for name in _NAMES]
 
 
+#: Field names in declaration order (`dataclasses.fields` walks the class on every call: a call of the
+#: engine asks three times).
+_NAMES = tuple(f.name for f in fields(TissueProperties))
 #: Identity (default) value of every field that has one.
 IDENTITY = {f.name: f.default for f in fields(TissueProperties) if f.name not in ("t1_ms", "t2_ms")}
