@@ -11,14 +11,19 @@ derivatives (the same budget as the kernels against the oracle).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 from conftest import carried_train, folding_train, shot_train
 
 from blochsim import engine
+from blochsim.engine.functions import EpgSimulate
+from blochsim.engine.program import compile_program
+from blochsim.engine.simulate import bind
 from blochsim.sequence import TissueProperties, mrf_description
 
 pytestmark = pytest.mark.cuda
@@ -239,14 +244,6 @@ def test_staged_samples_out_of_order(monkeypatch):
     """Slots that do not follow the events' order (a program's `record` permuted) take the staging's
     per-thread writes, not the warp's writes across its voxels (StagedSamples): the same signal, its sample
     columns permuted, bit for bit, and the host's. 4001 voxels: whole warps and a part of one."""
-    import dataclasses
-
-    import numpy as np
-
-    from blochsim.engine.functions import EpgSimulate
-    from blochsim.engine.program import compile_program
-    from blochsim.engine.simulate import bind
-
     monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
     flips, _ = train(n=13)
     program = compile_program(mrf_description(flips, 0.01), states=32)
