@@ -10,7 +10,7 @@ import torch
 from .. import _native as nat
 from .._arrays import LastResult, reverse_jvps
 from . import kernels as K
-from .functions import EpgJacobian, EpgSimulate
+from .functions import EpgJacobian, run_forward
 from .pools import interval_rows, pool_model, pool_tables
 from .program import Program, TrainAxisError, compile_program
 from .tissue import pack_tissue
@@ -23,9 +23,10 @@ _PATHS = ("auto", "real", "complex")
 
 
 def bind(program: Program, tissue, dtype: torch.dtype, *, checkpoint_stride: int = 4, lineshape="super-lorentzian",
-         active=(), packed=None):
-    """The kernel call of a program and a tissue: (Static, inputs, voxel_shape)."""
-    device = _device_of(tissue)
+         active=(), packed=None, device=None):
+    """The kernel call of a program and a tissue: (Static, inputs, voxel_shape). `device`: the tissue's
+    (`_device_of`), where the caller has it."""
+    device = _device_of(tissue) if device is None else device
     if packed is None:
         packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)
     model = pool_model(tissue)
@@ -108,7 +109,8 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
         raise ValueError(f"path must be one of {_PATHS}, got {path!r}")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    packed = pack_tissue(tissue, dtype=dtype, active=active, device=_device_of(tissue))  # validates; tells the path
+    device = _device_of(tissue)
+    packed = pack_tissue(tissue, dtype=dtype, active=active, device=device)  # validates; tells the path
     program = compile_program(
         description,
         repetitions=repetitions,
@@ -123,7 +125,7 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
             "and no B0, B1phase, v or pool shifts; this sequence or tissue needs the complex path"
         )
     static, inputs, voxel_shape = bind(program, tissue, dtype, checkpoint_stride=checkpoint_stride,
-                                       lineshape=lineshape, active=active, packed=packed)
+                                       lineshape=lineshape, active=active, packed=packed, device=device)
     return program, static, inputs, voxel_shape
 
 
@@ -155,7 +157,7 @@ def simulate(
         return torch.stack([simulate(part, tissue, states=states, repetitions=repetitions, record=record,
                                      dtype=dtype, path=path, checkpoint_stride=checkpoint_stride,
                                      lineshape=lineshape) for part in trains.parts])
-    signal = EpgSimulate.apply(static, *inputs).reshape(voxel_shape + (program.num_samples,))
+    signal = run_forward(static, inputs).reshape(voxel_shape + (program.num_samples,))
     return apply_t2_prime(program, tissue.t2_prime_ms, signal)[0]
 
 

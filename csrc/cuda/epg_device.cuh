@@ -145,18 +145,20 @@ __device__ __forceinline__ bool folds_into(const EventValues<N>& head, const Eve
 // crusher after the readout, rides on the pulse before it (an MRF repetition: 3 events become 1). Returns
 // the events left. One thread runs it.
 template <class N>
+__device__ __forceinline__ void fold_into(BlockEvent<N>& head, const BlockEvent<N>& next) {
+  head.ev.action |= next.ev.action;
+  if (next.ev.record >= 0) {
+    head.ev.record = next.ev.record;
+    head.ev.last_rep = next.ev.last_rep;
+    head.turn = next.turn;
+  }
+}
+template <class N>
 __device__ int fold_events(BlockEvent<N>* table, int count) {
   int heads = 0;
   for (int j = 0; j < count; ++j) {
     if (heads > 0 && folds_into(table[heads - 1].ev, table[j].ev)) {
-      BlockEvent<N>& head = table[heads - 1];
-      const EventValues<N>& next = table[j].ev;
-      head.ev.action |= next.action;
-      if (next.record >= 0) {
-        head.ev.record = next.record;
-        head.ev.last_rep = next.last_rep;
-        head.turn = table[j].turn;
-      }
+      fold_into(table[heads - 1], table[j]);
     } else {
       if (heads != j) table[heads] = table[j];
       ++heads;
@@ -181,6 +183,10 @@ template <class N>
 __device__ __forceinline__ const int* event_counts(const BlockEvent<N>* table, int64_t chunks) {
   return reinterpret_cast<const int*>(table + chunks * kBlockEvents);
 }
+template <class N>
+__device__ __forceinline__ const int* event_starts(const BlockEvent<N>* table, int64_t chunks) {
+  return event_counts(table, chunks) + chunks;
+}
 
 // Decode the chunk of events from i0 into shared memory and fold it (`folded`: the events left, in shared
 // memory). Every thread of the block calls it; it ends on a barrier.
@@ -202,17 +208,41 @@ __global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Probl
   BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
   const int64_t i0 = int64_t(blockIdx.x) * kBlockEvents;
   decode_chunk<N, S>(pb, i0, chunk, folded);
-  if (threadIdx.x == 0) const_cast<int*>(event_counts(table, event_chunks(pb)))[blockIdx.x] = folded;
+  if (threadIdx.x == 0) {
+    const_cast<int*>(event_counts(table, event_chunks(pb)))[blockIdx.x] = folded;
+    const_cast<int*>(event_starts(table, event_chunks(pb)))[blockIdx.x] = 0;
+  }
   if (int(threadIdx.x) < folded) table[i0 + threadIdx.x] = chunk[threadIdx.x];
 }
 
-// Chunk c of the launch's table (its folded events) into shared memory at `to`, without waiting:
-// cp.async (sm_80 on), so the copy runs behind the previous chunk's steps; async_copies_wait() ends it.
+// After decode_events_kernel: where chunk c's first event folds into chunk c - 1's last (a repetition cut by
+// the chunk boundary: 64 events hold 21 MRF repetitions and a third), fold it there and start chunk c a slot
+// later. A thread per boundary c; it writes chunk c - 1's last slot and chunk c's start, and reads chunk
+// c's first: with two events or more in each chunk no other thread touches those. A boundary left as it is
+// costs its chunk's consumers an event the register kernel takes for other than a shot.
 template <class N>
-__device__ __forceinline__ void copy_chunk_async(const BlockEvent<N>* table, int64_t c, int count, void* to) {
+__global__ void join_chunks_kernel(BlockEvent<N>* table, int64_t chunks) {
+  const int64_t c = 1 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= chunks) return;
+  const int* const counts = event_counts(table, chunks);
+  const int before = counts[c - 1];
+  if (before < 2 || counts[c] < 2) return;
+  BlockEvent<N>& head = table[(c - 1) * kBlockEvents + before - 1];
+  const BlockEvent<N>& first = table[c * kBlockEvents];
+  if (!folds_into(head.ev, first.ev)) return;
+  fold_into(head, first);
+  const_cast<int*>(event_starts(table, chunks))[c] = 1;
+}
+
+// Chunk c of the launch's table (its `count` folded events from slot `start`) into shared memory at `to`,
+// without waiting: cp.async (sm_80 on), so the copy runs behind the previous chunk's steps;
+// async_copies_wait() ends it.
+template <class N>
+__device__ __forceinline__ void copy_chunk_async(const BlockEvent<N>* table, int64_t c, int start, int count,
+                                                 void* to) {
   using Word = uint4;
   static_assert(sizeof(BlockEvent<N>) % sizeof(Word) == 0, "events copy in 16-byte words");
-  const auto* from = reinterpret_cast<const Word*>(table + c * kBlockEvents);
+  const auto* from = reinterpret_cast<const Word*>(table + c * kBlockEvents + start);
   auto* words_to = static_cast<Word*>(to);
   const int words = count * int(sizeof(BlockEvent<N>) / sizeof(Word));
   for (int w = threadIdx.x; w < words; w += blockDim.x) {
@@ -243,21 +273,26 @@ __device__ __forceinline__ void for_each_chunk(const Problem<R>& pb, const Body&
   const int64_t chunks = event_chunks(pb);
   const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
   const int* const counts = table ? event_counts(table, chunks) : nullptr;
-  int count = 0, after = 0;  // the events of chunks c and c + 1 (a count is read a chunk before its use)
+  const int* const starts = table ? event_starts(table, chunks) : nullptr;
+  // The events of chunks c and c + 1 and the first slot of c + 1 (read a chunk before their use).
+  int count = 0, after = 0, after_start = 0;
   if (table) {  // events read from global memory stall each voxel's step on their latency: a copy
-    count = counts[0];
-    after = chunks > 1 ? counts[1] : 0;
-    copy_chunk_async(table, 0, count, raw[0]);
+    count = counts[0];  // (chunk 0 starts at its slot 0)
+    after_start = chunks > 1 ? starts[1] : 0;
+    after = chunks > 1 ? counts[1] - after_start : 0;
+    copy_chunk_async(table, 0, 0, count, raw[0]);
   }
   for (int64_t c = 0; c < chunks; ++c) {
     const BlockEvent<N>* chunk = reinterpret_cast<const BlockEvent<N>*>(raw[table ? c & 1 : 0]);
     int next = 0;
     if (table) {
       next = after;
-      after = c + 2 < chunks ? counts[c + 2] : 0;
+      const int next_start = after_start;
+      after_start = c + 2 < chunks ? starts[c + 2] : 0;
+      after = c + 2 < chunks ? counts[c + 2] - after_start : 0;
       async_copies_wait();
       __syncthreads();  // chunk c is in, and every step of chunk c - 1 (the other buffer) is done
-      if (next > 0) copy_chunk_async(table, c + 1, next, raw[(c + 1) & 1]);
+      if (next > 0) copy_chunk_async(table, c + 1, next_start, next, raw[(c + 1) & 1]);
     } else {
       __syncthreads();  // the previous chunk is read
       decode_chunk<N, S>(pb, c * kBlockEvents, reinterpret_cast<BlockEvent<N>*>(raw[0]), folded);
@@ -335,12 +370,12 @@ __device__ __forceinline__ void step_shot(const PlainEvent<N>& pe, State<N> x, S
   if (io->signal && pe.record >= 0) io->put(pe.record, transverse(x.fp(0)[0]) * pe.turn);
 }
 
-// Which of a chunk's events step_forward_plain takes (bit j: event j), step_shot the rest: the first (the
-// state a chunk starts from is not known here), those that are not shots and the shot after each of those
-// (it meets the state that event left). Every thread of the block calls it (it synchronises the block;
-// blocks of whole warps).
+// Which of a chunk's events step_forward_plain takes (bit j: event j), step_shot the rest: those that are
+// not shots, the shot after each of those (it meets the state that event left), and the first unless the
+// chunk before ended on a shot (`after_shot`). Every thread of the block calls it (it synchronises the
+// block; blocks of whole warps).
 template <class N>
-__device__ __forceinline__ uint64_t events_not_shot(const BlockEvent<N>* chunk, int count) {
+__device__ __forceinline__ uint64_t events_not_shot(const BlockEvent<N>* chunk, int count, bool after_shot) {
   static_assert(kBlockEvents == 64, "a bit per event of a chunk");
   __shared__ unsigned others[2];  // a bit per event that is not a shot
   for (int j = threadIdx.x; j < kBlockEvents; j += blockDim.x) {
@@ -349,7 +384,7 @@ __device__ __forceinline__ uint64_t events_not_shot(const BlockEvent<N>* chunk, 
   }
   __syncthreads();
   const uint64_t other = others[0] | uint64_t(others[1]) << 32;
-  return other | other << 1 | 1;
+  return other | other << 1 | (after_shot ? 0 : 1);
 }
 // The first event at or after `from` whose bit is set (count: none).
 __device__ __forceinline__ int next_event(uint64_t events, int from, int count) {
@@ -374,10 +409,12 @@ __device__ __forceinline__ void for_each_plain_event(const Problem<R>& pb, const
         [&] { return uniform ? h.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
         [&] { return h.turn; });
   };
+  bool after_shot = false;  // the chunk before ended on a shot (the same on every thread)
   for_each_chunk<N, N>(pb, [&](const BlockEvent<N>* chunk, int count) {
-    const uint64_t general = uniform ? events_not_shot(chunk, count) : ~uint64_t(0);
+    const uint64_t general = uniform ? events_not_shot(chunk, count, after_shot) : ~uint64_t(0);
+    if (count > 0) after_shot = shot_event(chunk[count - 1].ev.action);
     if (!active || count == 0) return;
-    for (int j = 0; j < count;) {  // a run of other events (at least one), then a run of shots
+    for (int j = 0; j < count;) {  // a run of other events (none at a chunk that goes on shooting), then shots
       HeldEvent<N> held = hold_event(chunk, j, uniform);
       PlainEvent<N> pe = values(held);  // (the run of shots before took this event for a shot)
       for (const int shots = next_event(~general, j, count); j < shots; ++j) {

@@ -32,6 +32,11 @@ void launch_forward(const Problem<R>& pb_in, int64_t V, const SampleIO<N>& io, v
       decode_events_kernel<N, S><<<static_cast<unsigned>(event_chunks(pb)), kBlockEvents, 0, stream>>>(pb, table);
       check_cuda(cudaGetLastError(), "event decoding launch");
     }
+    if (event_chunks(pb) > 1) {
+      const int64_t boundaries = event_chunks(pb) - 1;
+      join_chunks_kernel<N><<<static_cast<unsigned>((boundaries + 127) / 128), 128, 0, stream>>>(table, event_chunks(pb));
+      check_cuda(cudaGetLastError(), "chunk joining launch");
+    }
     pb.events = table;
   }
   const int lanes = forward_lanes<N, S>(pb, V);

@@ -20,8 +20,9 @@ constexpr int layout_planes(int layout) {  // planes of a kernel's state array
 }
 
 // A value forward's events as the device reads them, decoded (epg_device.cuh decode_events_kernel), in
-// chunks of kBlockEvents: chunk c holds its folded events first, counts[c] of them; the counts follow the
-// chunks.
+// chunks of kBlockEvents: chunk c holds its folded events first, counts[c] of them, from slot starts[c] (1
+// where its first event was folded into the chunk before: join_chunks_kernel); the counts follow the chunks,
+// the starts the counts.
 template <class N>
 struct BlockEvent {
   EventValues<N> ev;
@@ -35,7 +36,7 @@ BS_HD int64_t event_chunks(const Problem<R>& pb) {
 }
 template <class N, class R>
 inline int64_t event_table_bytes(const Problem<R>& pb) {
-  return event_chunks(pb) * (kBlockEvents * int64_t(sizeof(BlockEvent<N>)) + int64_t(sizeof(int)));
+  return event_chunks(pb) * (kBlockEvents * int64_t(sizeof(BlockEvent<N>)) + 2 * int64_t(sizeof(int)));
 }
 
 }  // namespace bs
