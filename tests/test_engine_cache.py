@@ -160,3 +160,20 @@ def test_engine_calls_follow_in_place_changes_of_kept_tissue():
             assert "t1" in str(error).lower()
         else:
             raise AssertionError("a NaN T1 written in place was not caught")
+
+
+def test_a_kept_tissue_object_misses_on_in_place_numbers_and_on_requires_grad():
+    # The same TissueProperties object skips walking its fields (LastResult.kept_for): its tensors' versions,
+    # a 0-d CPU tensor's too (lookup matches those by value), and requires_grad decide. T2 in float64: the
+    # packing holds a float32 copy of it, not a view that would follow the change anyway.
+    d = mrf_description(FLIPS, 0.01)
+    t1, t2 = torch.tensor([800.0, 1200.0]), torch.tensor(60.0, dtype=torch.float64)
+    tissue = TissueProperties(t1_ms=t1, t2_ms=t2)
+    first = engine.simulate(d, tissue, states=16)
+    assert torch.equal(engine.simulate(d, tissue, states=16), first)
+    t2.fill_(30.0)
+    changed = engine.simulate(d, tissue, states=16)
+    assert torch.equal(changed, engine.simulate(d, TissueProperties(t1_ms=t1.clone(), t2_ms=30.0), states=16))
+    assert not torch.equal(changed, first)
+    t1.requires_grad_()
+    assert engine.simulate(d, tissue, states=16).grad_fn is not None

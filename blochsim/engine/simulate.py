@@ -9,6 +9,7 @@ import torch
 
 from .. import _native as nat
 from .._arrays import LastResult, reverse_jvps
+from ..sequence.tissue import TissueProperties
 from . import kernels as K
 from .functions import EpgJacobian, run_forward
 from .pools import interval_rows, pool_model, pool_tables
@@ -96,6 +97,9 @@ def _program_values(program: Program, device, dtype):
 
 def _device_of(tissue) -> torch.device:
     """Work runs where the tissue tensors are (the first tensor field decides; CPU if none)."""
+    first = getattr(tissue, "t1_ms", None)  # the first field of TissueProperties: no walk over the 45
+    if isinstance(first, torch.Tensor) and isinstance(tissue, TissueProperties):
+        return first.device
     for _, value in tissue.items():
         if isinstance(value, torch.Tensor):
             return value.device

@@ -87,10 +87,14 @@ def pack_tissue(
     (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`). The
     last packing is kept while its tensors are the same and unmodified (`LastResult`): its checks sync.
     """
-    kept, key = _LAST_PACKING.lookup((dtype, device, tuple(active)), tissue.items())
+    settings = (dtype, device, tuple(active))
+    owner = tissue if isinstance(tissue, TissueProperties) else None
+    kept = _LAST_PACKING.kept_for(owner, settings) if owner is not None else None
     if kept is None:
-        kept = _pack_tissue(tissue, dtype, device, active)
-        _LAST_PACKING.keep(key, kept)
+        kept, key = _LAST_PACKING.lookup(settings, tissue.items())
+        if kept is None:
+            kept = _pack_tissue(tissue, dtype, device, active)
+        _LAST_PACKING.keep(key, kept, owner=owner)
     return kept
 
 
