@@ -1,8 +1,12 @@
 """Where a call's time goes on the GPU: wall time against the blochsim kernels' and other kernels' GPU time.
 
-Run: python benchmarks/profile_cuda.py [case:n ...] [--table]   (default: every case of kernel_cases.py)
+Run: python benchmarks/profile_cuda.py [case:n ...] [--table] [--first]   (default: every case of kernel_cases.py)
 Per case: wall ms of one synchronised call after a warm-up; GPU ms in blochsim kernels (and their names);
 GPU ms and launches of other kernels (torch ops); the rest of the wall is host (Python) time.
+--table adds torch.profiler's ops by host time. --first profiles each case's first call instead (no
+warm-up): CUDA loads a kernel at its first launch, so the ops' host times show whose kernels a first call
+waits for (cases run in the order given: `epg_real:2000 epg_complex:2000 epg_real_grad:2000 --first --table`
+is kernel_cases.py's order up to its first gradient).
 """
 from __future__ import annotations
 
@@ -19,13 +23,14 @@ import kernel_cases as kc  # noqa: E402
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    table = "--table" in sys.argv
+    table, first = "--table" in sys.argv, "--first" in sys.argv
     specs = [(a.split(":")[0], int(a.split(":")[1])) for a in args] or kc.DEFAULT_CASES
     dev = torch.device("cuda")
     print(f"{'case':<18}{'n':>9}{'wall':>9}{'bs gpu':>9}{'other gpu':>10}{'launches':>9}  bs kernels")
     for name, n in specs:
         fn = kc.case_fn(name, n, dev)
-        fn()
+        if not first:
+            fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()

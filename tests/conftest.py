@@ -199,7 +199,6 @@ def carried_train(blocks=6) -> SequenceDescription:
     return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
 
 
-
 def shot_train(blocks=150, *, every=37) -> SequenceDescription:
     """Shots (an interval, a pulse, its sample, a crusher or a shift after it: csrc/cuda/epg_device.cuh
     shot_event) broken now and then, across the device's chunks of 64 events: every `every`-th block a
@@ -219,6 +218,7 @@ def shot_train(blocks=150, *, every=37) -> SequenceDescription:
         if b % every == every - 1:
             events += [E.wait(t0 + 5000, A.SPOIL_AFTER)]
     return SequenceDescription(0, blocks * 10000.0, tuple(events), {0: ideal_rf_definition(0)})
+
 
 @dataclass(frozen=True)
 class Case:

@@ -213,9 +213,9 @@ def test_staged_samples_match_host(n, mapping):
 @pytest.mark.parametrize("n", (131, 4001))
 def test_shots_match_host(n, monkeypatch):
     """The real register kernel runs a shot after a shot without asking the event what it is
-    (epg_device.cuh step_shot, events_before_shots): conftest.shot_train, its shots broken by spoilers,
-    inversions and a pulse without a sample across chunks, played twice (the first playing's shots sample
-    nothing), held to the host."""
+    (epg_device.cuh step_shot, events_not_shot; chunks joined by join_chunks_kernel): conftest.shot_train,
+    its shots broken by spoilers, inversions and a pulse without a sample across chunks, played twice (the
+    first playing's shots sample nothing), held to the host."""
     monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
     d = shot_train()
     out = {device: engine.simulate(d, tissue(device, n=n), states=32, repetitions=2, path="real")
