@@ -1,8 +1,9 @@
 """Loads the kernel library `libblochsim_cpu.so` with ctypes and checks it matches this package.
 
 The library exposes the C ABI of `csrc/capi.h`; the ctypes structures below mirror it field for field.
-The library is found beside this file (the installed wheel) or at `BLOCHSIM_CPU_LIBRARY` (a development
-build). It is loaded on first use, so importing blochsim never fails for want of it.
+The library is found beside this file (the installed wheel), in the installed distribution when a source
+checkout is imported instead of it, or at `BLOCHSIM_CPU_LIBRARY` (a development build). It is loaded on
+first use, so importing blochsim never fails for want of it.
 """
 
 from __future__ import annotations
@@ -186,10 +187,28 @@ _ENTRY_POINTS = {
 
 
 def _candidates() -> list[Path]:
+    """Where the host library may be: `BLOCHSIM_CPU_LIBRARY` alone when set; else beside this file, then in
+    the installed distribution.
+
+    The second place serves a source checkout imported ahead of its own installed build (`pip install .`,
+    then `python -m pytest` from the checkout root, which puts the checkout first on sys.path): the checkout
+    holds no compiled library, the installed copy of the same release does. `load_library` still checks its
+    ABI and release against this package.
+    """
     env = os.environ.get("BLOCHSIM_CPU_LIBRARY")
     if env:
         return [Path(env)]
-    return [Path(__file__).resolve().parent / "libblochsim_cpu.so"]
+    beside = Path(__file__).resolve().parent / "libblochsim_cpu.so"
+    candidates = [beside]
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(distribution("blochsim").locate_file("blochsim/libblochsim_cpu.so")).resolve()
+    except (PackageNotFoundError, TypeError, ValueError):
+        installed = None
+    if installed is not None and installed != beside:
+        candidates.append(installed)
+    return candidates
 
 
 def load_library(path: Path, *, expected_abi: int = ABI_VERSION, expected_version: str = __version__):
