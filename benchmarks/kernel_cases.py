@@ -8,13 +8,13 @@ repetitions with exchanging and semisolid pools. `_grad`: gradient of sum |signa
 
 Per case: median wall time per call after a warm-up, synchronised; the first call; peak torch allocation.
 Run: python benchmarks/kernel_cases.py --device cuda [--cases epg_real pooled ...] [--quick]
-Writes benchmarks/results/kernel_cases-<device name>-<date>.json and prints a table against the incumbent.
+Writes a new benchmarks/results/kernel_cases-<device name>-<date>-<commit>.json (_records.py) and prints a
+table against the incumbent.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from _records import write_record
 
 from blochsim import engine
 from blochsim.sequence import TissueProperties, mrf_description
@@ -179,13 +180,8 @@ def main() -> None:
         record["fp32_floor_ms_epg_real_1e6"] = floor
         record["fp32_rate_tflops"] = tflops
         print(f"FP32 floor of epg_real at 1e6 tissues: {floor:.2f} ms (measured SGEMM rate {tflops:.1f} TFLOP/s)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    tag = card.replace(" ", "_").replace("/", "_")
-    if device.type != "cuda":
-        tag += f"-{torch.get_num_threads()}threads"
-    path = args.out / f"kernel_cases-{tag}-{record['date'][:10]}.json"
-    path.write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    tag = card if device.type == "cuda" else f"{card}-{torch.get_num_threads()}threads"
+    print(f"wrote {write_record(args.out, 'kernel_cases', tag, record)}")
 
 
 if __name__ == "__main__":

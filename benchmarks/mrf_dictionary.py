@@ -5,13 +5,12 @@ ramping 5 -> 60 -> 2 degrees; 32 orders; float32; T1 log-uniform in 200-3000 ms 
 10-300 ms. The complex case adds quadratic RF phase increments of 117 degrees.
 
 Run: python benchmarks/mrf_dictionary.py [--tissues 1000 10000] [--repeats 3]
-Writes benchmarks/results/mrf_dictionary-<host>-<date>.json and prints a table.
+Writes a new benchmarks/results/mrf_dictionary-<host>-<date>-<commit>.json (_records.py) and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -21,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from _records import write_record
 
 from blochsim import engine
 from blochsim.engine import kernels
@@ -111,10 +111,7 @@ def main() -> None:
             first, median = timed(fn, args.repeats)
             record["results"].append({"case": name, "tissues": n, "first_s": first, "median_s": median})
             print(f"{name:<26}{n:>8}{first:>10.3f}{median:>10.3f}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"mrf_dictionary-{platform.node()}-{record['date'][:10]}.json"
-    path.write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    print(f"wrote {write_record(args.out, 'mrf_dictionary', platform.node(), record)}")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepar
 Also the compile alone (`engine.compile_program` and `engine.bind.compile_fast`) and the layout walk.
 
 Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300]
-Writes benchmarks/results/python_overhead-<host><cpus>cpu-<date>-<voxels>vox.json and prints a table.
+Writes a new benchmarks/results/python_overhead-<host><cpus>cpu-<voxels>vox-<date>-<commit>.json and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from _records import write_record
 
 from blochsim import _native as nat
 from blochsim.engine import bind, compile_program, kernels
@@ -139,14 +139,13 @@ def main() -> int:
         "compile_fast_ms": fast_ms,
         "compile_program_kept_us": cached_us,
     }
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
-    host = f"{platform.node()}{os.cpu_count()}cpu"
-    name = f"python_overhead-{host}-{datetime.now(timezone.utc):%Y%m%d}-{args.voxels}vox.json"
-    (out / name).write_text(json.dumps(result, indent=2) + "\n")
+    host = f"{platform.node()}{os.cpu_count()}cpu-{args.voxels}vox"
+    result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    path = write_record(Path(__file__).resolve().parent / "results", "python_overhead", host, result)
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    print(f"wrote {path}")
     print(f"targets: first call overhead < 50 ms: {result['first_call_overhead_ms'] < 50}; "
           f"value-only overhead < 200 us: {result['value_only_overhead_us'] < 200}")
     return 0

@@ -1,0 +1,48 @@
+"""Where a benchmark run is written: records are append-only.
+
+Every run gets a new file named by task, machine, UTC date and commit (`<task>-<machine>-<date>-<commit>.json`,
+`-dirty` when the working tree differs from the commit). A name that exists already gets `-2`, `-3`, ...:
+an earlier record is never overwritten, so a number quoted from a file stays true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+
+def commit_tag(root: Path | None = None) -> str:
+    """The short commit of the checkout, `+dirty` when tracked files differ from it; 'nogit' outside git."""
+    root = root or Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "nogit"
+    return f"{commit}-dirty" if dirty else commit
+
+
+def record_path(out: Path, task: str, machine: str, date: str) -> Path:
+    """A new file under `out` for this run (see the module docstring); `date` is an ISO date or timestamp."""
+    machine = re.sub(r"[^A-Za-z0-9._-]+", "_", machine).strip("_") or "machine"
+    stem = f"{task}-{machine}-{date[:10]}-{commit_tag()}"
+    path = out / f"{stem}.json"
+    count = 2
+    while path.exists():
+        path = out / f"{stem}-{count}.json"
+        count += 1
+    return path
+
+
+def write_record(out: Path, task: str, machine: str, record: dict) -> Path:
+    """Write `record` (which holds a "date") to a new file under `out` and return its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = record_path(out, task, machine, record["date"])
+    record = {**record, "commit": commit_tag()}
+    with open(path, "x") as stream:  # "x": fail rather than overwrite, whatever raced us
+        stream.write(json.dumps(record, indent=2) + "\n")
+    return path
