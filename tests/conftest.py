@@ -137,14 +137,15 @@ def bssfp(flips=None, tr_s=0.006, phases=None, *, n=12, geometry="none") -> Sequ
 def mixed_readouts(flips=None, tr_s=0.01, *, n=9) -> SequenceDescription:
     """FISP-like train whose ADCs differ in role and echo flag, for record modes.
 
-    ADC j: role NON_ACQUIRED when j % 3 == 2 (else SINGLE), is_echo when j % 2 == 0.
-    "all" keeps 9 samples, "acquired" 6, "echo" 5.
+    ADC j: role NON_ACQUIRED when j % 3 == 2 (else SINGLE), is_echo when j % 2 == 0 and it is acquired (a
+    readout that is not acquired is never an echo). "all" keeps 9 samples, "acquired" 6, "echo" 3.
     """
     flips = ramp(n, 15, 60) if flips is None else flips
     ops = []
     for j in range(n):
         role = AdcRole.NON_ACQUIRED if j % 3 == 2 else AdcRole.SINGLE
-        ops.append(Excitation(flips[j]) @ Readout(role=role, is_echo=j % 2 == 0) @ Dephase() @ Delay(tr_s))
+        echo = j % 2 == 0 and role != AdcRole.NON_ACQUIRED
+        ops.append(Excitation(flips[j]) @ Readout(role=role, is_echo=echo) @ Dephase() @ Delay(tr_s))
     return SequenceDescription.from_operators(*ops)
 
 

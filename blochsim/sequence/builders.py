@@ -201,9 +201,9 @@ def _shot_columns(slots: tuple, stride: int, moments: tuple | None, flips: _Shot
 
     Shot k holds one event per slot `(type, action, offset)`: at moment `stride * k + offset` of `moments`
     (`_timeline`'s vector and which of its entries carry a derivative), an RF slot is a rotating pulse of
-    definition 0 with flip k and phase k, an ADC slot an echo of role `roles[k]` demodulated by phase k.
-    The events hold the shots' entries, views of the caller's tensors: the columns name those tensors as
-    their sources, so that an in-place change makes them stale.
+    definition 0 with flip k and phase k, an ADC slot a readout of role `roles[k]` (an echo unless
+    NON_ACQUIRED) demodulated by phase k. The events hold the shots' entries, views of the caller's
+    tensors: the columns name those tensors as their sources, so that an in-place change makes them stale.
     """
     count = len(roles)
     flip_rad, phase_rad = _shot_values(flips.source, count), _shot_values(phases.source, count)
@@ -214,6 +214,7 @@ def _shot_columns(slots: tuple, stride: int, moments: tuple | None, flips: _Shot
     rf, adc = kinds == _RF, kinds == _ADC
     role = np.zeros((count, len(slots)), dtype=np.int8)
     role[:, adc] = np.asarray(roles, dtype=np.int8)[:, None]
+    echo = (role != AdcRole.NON_ACQUIRED) & adc  # a readout that is not acquired is not an echo
     at = (stride * np.arange(count)[:, None] + np.array([slot[2] for slot in slots])).reshape(-1)
     zero = torch.zeros(count, dtype=torch.float64)
     phases_of = torch.stack([phase_rad if rf[j] or adc[j] else zero for j in range(len(slots))], 1).reshape(-1)
@@ -223,7 +224,7 @@ def _shot_columns(slots: tuple, stride: int, moments: tuple | None, flips: _Shot
         inversion=np.zeros(count * len(slots), dtype=bool),
         definition_id=np.tile(np.where(rf, 0, -1), count),
         adc_role=role.reshape(-1),
-        is_echo=np.tile(adc, count),
+        is_echo=echo.reshape(-1),
         frequency_hz=np.zeros(count * len(slots)),
         timestamp_us=stamps_us.index_select(0, torch.from_numpy(at)),
         timestamp_differentiated=carries[at],
@@ -258,7 +259,7 @@ def _train(head: list, flips: _Shots, phases: _Shots, trs: list | None, roles: l
         excitation = RfUse.EXCITATION
         for t, a, p, role in zip(stamps[at:-1], flips.entries(), phases.entries(), roles, strict=True):
             events += (trusted_event(_RF, t, (0, excitation, a, p, 0.0, 0, 0.0), _NONE),
-                       trusted_event(_ADC, t, (role, p, True), _NONE),
+                       trusted_event(_ADC, t, (role, p, role != AdcRole.NON_ACQUIRED), _NONE),
                        trusted_event(_WAIT, t, (), wait_action),
                        trusted_event(_WAIT, t, (), _NONE))
         return events

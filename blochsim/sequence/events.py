@@ -131,6 +131,10 @@ _USER_ACTION_WORDS = {bits: EventAction(bits) for bits in range(int(USER_ACTIONS
 #: Params per event type.
 _PARAM_COUNTS = {EventType.WAIT: 0, EventType.RF: 7, EventType.ADC: 3}
 
+_NOT_ACQUIRED_ECHO = ("is_echo=True contradicts role NON_ACQUIRED: a readout that is not acquired is not an echo "
+                      "(record='echo' keeps acquired echoes only); leave is_echo unset (it follows the role) or give "
+                      "role SINGLE, ECHO_CENTER or NON_CENTER")
+
 
 @dataclass(frozen=True)
 class SequenceEvent:
@@ -138,7 +142,8 @@ class SequenceEvent:
 
     `params` follows the argument order of `rf` (7 values: definition_id, use,
     amplitude_hz, phase_rad, frequency_hz, shim_id, slice_select_gradient_hz_per_m)
-    and `adc` (3 values: role, phase_rad, is_echo); WAIT events have none.
+    and `adc` (3 values: role, phase_rad, is_echo); WAIT events have none. An ADC event of role
+    NON_ACQUIRED is never an echo (ValueError otherwise).
     """
 
     type: EventType
@@ -161,6 +166,8 @@ class SequenceEvent:
         expected = _PARAM_COUNTS[kind]
         if len(self.params) != expected:
             raise ValueError(f"a {kind.name} event takes {expected} params, got {len(self.params)}")
+        if kind is EventType.ADC and self.params[2] and int(self.params[0]) == AdcRole.NON_ACQUIRED:
+            raise ValueError(_NOT_ACQUIRED_ECHO)
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -203,16 +210,19 @@ class SequenceEvent:
         role: AdcRole = AdcRole.SINGLE,
         phase_rad: Any = 0.0,
         *,
-        is_echo: bool = True,
+        is_echo: bool | None = None,
         action: EventAction = EventAction.NONE,
     ) -> SequenceEvent:
+        """An ADC event. `is_echo` None follows the role: a readout that is not acquired (NON_ACQUIRED)
+        is not an echo, every other one is. `is_echo=True` with role NON_ACQUIRED is a ValueError."""
         if type(role) is not AdcRole:
             try:
                 role = AdcRole(int(role))
             except ValueError:
                 raise ValueError(f"role must be an AdcRole (0..3), got {role!r}") from None
         check_finite("phase_rad", phase_rad)
-        return cls(EventType.ADC, timestamp_us, (role, phase_rad, bool(is_echo)), action)
+        echo = role is not AdcRole.NON_ACQUIRED if is_echo is None else bool(is_echo)
+        return cls(EventType.ADC, timestamp_us, (role, phase_rad, echo), action)
 
     # -- accessors ----------------------------------------------------------------------------
     def _param(self, kind: EventType, index: int, name: str) -> Any:

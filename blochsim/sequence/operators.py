@@ -355,9 +355,10 @@ def _train_values(name: str, value: Any, device: torch.device) -> torch.Tensor:
     return tensor.reshape(-1)
 
 
-def Readout(phase_rad=0.0, *, role=AdcRole.SINGLE, is_echo=True, duration_s=0.0,
+def Readout(phase_rad=0.0, *, role=AdcRole.SINGLE, is_echo=None, duration_s=0.0,
             action=EventAction.NONE) -> Operator:
-    """One ADC event at the module start, demodulated by `phase_rad`."""
+    """One ADC event at the module start, demodulated by `phase_rad`. `is_echo` None follows `role`: a
+    NON_ACQUIRED readout is not an echo, any other is (`is_echo=True` with NON_ACQUIRED: ValueError)."""
     proto = SequenceEvent.adc(0.0, role, _value("phase_rad", phase_rad), is_echo=is_echo,
                               action=check_action(action))
     return Operator(lambda start_s: (_at(proto, start_s),), duration_s, name="readout")
@@ -379,22 +380,22 @@ def Spoil() -> Operator:
     return Delay(0.0, action=EventAction.SPOIL_AFTER)
 
 
-def bSSFPReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=True) -> Operator:
+def bSSFPReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=None) -> Operator:
     """`Readout`, then `Delay(duration_s)`. Balanced: no winding."""
     return Readout(phase_rad, role=role, is_echo=is_echo) @ Delay(duration_s)
 
 
-def SSFPFidReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=True) -> Operator:
+def SSFPFidReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=None) -> Operator:
     """`Readout`, `Dephase`, `Delay(duration_s)` (FISP: samples the FID, then winds one order)."""
     return Readout(phase_rad, role=role, is_echo=is_echo) @ Dephase() @ Delay(duration_s)
 
 
-def SSFPEchoReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=True) -> Operator:
+def SSFPEchoReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=None) -> Operator:
     """`Dephase`, `Readout`, `Delay(duration_s)` (PSIF: samples the echo formed by the preceding excitation)."""
     return Dephase() @ Readout(phase_rad, role=role, is_echo=is_echo) @ Delay(duration_s)
 
 
-def SPGRReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=True) -> Operator:
+def SPGRReadout(phase_rad=0.0, *, duration_s=0.0, role=AdcRole.SINGLE, is_echo=None) -> Operator:
     """`Readout`, `Spoil`, `Delay(duration_s)`."""
     return Readout(phase_rad, role=role, is_echo=is_echo) @ Spoil() @ Delay(duration_s)
 
