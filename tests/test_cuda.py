@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import carried_train, folding_train, shot_train
+from conftest import carried_train, column_rel_err, folding_train, shot_train
 
 from blochsim import engine
 from blochsim.engine.functions import EpgSimulate
@@ -123,7 +123,7 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     cpu, gpu = results["cpu"], results["cuda"]
     assert rel(gpu[0], cpu[0]) < 1e-5
     assert rel(gpu[1], cpu[1]) < 1e-4 and rel(gpu[2], cpu[2]) < 1e-4
-    assert rel(gpu[3], cpu[3]) < 1e-4
+    assert column_rel_err(gpu[3], cpu[3]) < 1e-4  # per column (conftest): dS/dT1 is ~6x below dS/dT2 here
     assert rel(gpu[4], cpu[4]) < 1e-3 and rel(gpu[5], cpu[5]) < 1e-3
 
 

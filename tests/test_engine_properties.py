@@ -20,6 +20,7 @@ from conftest import (
     STATES,
     T1_MS,
     T2_MS,
+    column_rel_err,
     f64,
     rel_max_err,
     tissue,
@@ -176,7 +177,7 @@ def test_real_and_complex_paths_agree(case_name, dtype):
             assert not a.any()
             continue
         assert rel_max_err(a, b) < PATH_AGREEMENT_GRAD[dtype]
-    assert rel_max_err(real[2], cplx[2]) < PATH_AGREEMENT_GRAD[dtype]
+    assert column_rel_err(real[2], cplx[2]) < PATH_AGREEMENT_GRAD[dtype]  # T1, T2, B1: units decades apart
     for a, b in zip(real[3], cplx[3], strict=True):
         assert rel_max_err(a, b) < 10 * PATH_AGREEMENT_GRAD[dtype]  # second order: one more cancelling sum
 

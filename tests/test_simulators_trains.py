@@ -5,7 +5,8 @@ The oracle plays each simulator's own description (`describe()`) with the same E
 simulator's post-rotation (API.md 1.6), so these tests check the layouts and the plumbing (units,
 conventions, settings, train loops); the kernels are held to the same oracle by tests/test_engine_*.py.
 Tolerances: values at 1e-5 of the largest sample (float32 kernels over at most a few hundred events),
-first derivatives at 1e-4 (forward mode in float32), as in tests/test_simulator_mrf.py. Physics checks
+first derivatives at 1e-4 (forward mode in float32) of each Jacobian column's own largest entry
+(conftest.column_rel_err: the columns' units differ by decades), as in tests/test_simulator_mrf.py. Physics checks
 against closed forms use the tolerance their approximation leaves, stated where used.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+from conftest import column_rel_err
 
 from blochsim._reference import play
 from blochsim.sequence import TissueProperties
@@ -91,7 +93,7 @@ def test_fse_jacobian_and_gradient():
     fields = dict(t1_ms=T1, t2_ms=T2, b1=0.95)
     _, J = sim.jacobian(("T1", "T2", "B1"), T1=T1, T2=T2, B1=0.95)
     want = oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b1"), states=10, repetitions=2)
-    assert J.shape == (2, 2, 3, 6) and rel(J, want) < 1e-4
+    assert J.shape == (2, 2, 3, 6) and column_rel_err(J, want) < 1e-4
 
     flip, esp = FSE_FLIPS.clone().requires_grad_(), torch.tensor(9.0, requires_grad=True)
     sim.simulate(flip=flip, ESP=esp, T1=T1, T2=T2).real.pow(2).sum().backward()
@@ -156,8 +158,8 @@ def test_hyperecho_against_the_oracle_and_the_hyperecho():
     want = oracle(sim, dict(t1_ms=T1, t2_ms=T2, b1=1.1), states=30, repetitions=2)
     assert got.shape == (2, 2, 7) and rel(got, want) < 1e-5
     _, J = sim.jacobian(("T2", "B1"), T1=T1, T2=T2, B1=1.1, states=30)
-    assert rel(J, oracle_jacobian(sim, dict(t1_ms=T1, t2_ms=T2, b1=1.1), ("t2_ms", "b1"), states=30,
-                                  repetitions=2)) < 1e-4
+    assert column_rel_err(J, oracle_jacobian(sim, dict(t1_ms=T1, t2_ms=T2, b1=1.1), ("t2_ms", "b1"), states=30,
+                                             repetitions=2)) < 1e-4
     # Without relaxation the mirrored train refocuses everything into the last echo (Hennig 2001), whatever
     # the flips and phases; the default orders (1 + 2 x 14 windings) hold the whole graph.
     free = sim.simulate(T1=math.inf, T2=math.inf, repetitions=1)
@@ -201,7 +203,12 @@ def test_stimulated_echo_oracle_jacobian_gradient():
     got = sim.simulate(T1=T1, T2=T2, B0=5.0, B1=0.9)
     assert rel(got, oracle(sim, fields, states=4)) < 1e-5
     _, J = sim.jacobian(("T1", "T2", "B0"), T1=T1, T2=T2, B0=5.0, B1=0.9)
-    assert rel(J, oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=4)) < 1e-4
+    want = oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=4)
+    assert column_rel_err(J[..., :2, :], want[..., :2, :]) < 1e-4
+    # Both samples are echoes, blind to B0: dS/dB0 is 0 (the oracle: 2e-17 per Hz). The float32 kernels leave the
+    # round-off of terms ~2 pi TE |S| ~ 0.03 per Hz (2e-9 seen); an echo sampled 10 us off its centre would give
+    # ~2e-5 per Hz.
+    assert float(J[..., 2, :].abs().max()) < 1e-6
     tm = torch.tensor(60.0, requires_grad=True)
     sim.simulate(TM=tm, T1=T1, T2=T2).imag.sum().backward()
     tm_ref = torch.tensor(60.0, dtype=F64, requires_grad=True)
@@ -248,7 +255,7 @@ def test_mpnrage_oracle_sign_and_closed_form():
     _, J = sim.jacobian(("T1", "inv_efficiency"), T1=T1, inv_efficiency=0.95)
     want_j = oracle_jacobian(sim, dict(t1_ms=T1, t2_ms=100.0, inversion_efficiency=0.95),
                              ("t1_ms", "inversion_efficiency"), states=1)
-    assert rel(J, want_j) < 1e-4
+    assert column_rel_err(J, want_j) < 1e-4
     flip = torch.tensor(7.0, requires_grad=True)
     sim.simulate(flip=flip, T1=T1).real.sum().backward()
     flip_ref = torch.tensor(7.0, dtype=F64, requires_grad=True)
@@ -287,7 +294,7 @@ def test_mprage_oracle_sign_and_closed_form():
     assert sig.shape == (2, 1) and J.shape == (2, 1, 2)
     want_j = oracle_jacobian(sim, dict(t1_ms=T1, t2_ms=100.0, m0=1.1), ("t1_ms", "m0"), states=1,
                              record="acquired")
-    assert rel(J, want_j[..., 0]) < 1e-4
+    assert column_rel_err(J, want_j[..., 0], axis=-1) < 1e-4  # (*voxel, P)
     _, j1 = sim.jacobian("T1", T1=1000.0)
     assert j1.shape == ()
     ti = torch.tensor(300.0, requires_grad=True)
@@ -319,7 +326,7 @@ def test_flash_against_the_oracle():
     got = sim.simulate(T1=T1, T2=T2, B0=torch.tensor([0.0, 40.0]), B1=0.9)
     assert got.shape == (2, 2, 4) and rel(got, oracle(sim, fields, states=1)) < 1e-5
     _, J = sim.jacobian(("T1", "T2", "B0"), T1=T1, T2=T2, B0=torch.tensor([0.0, 40.0]), B1=0.9)
-    assert rel(J, oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=1)) < 1e-4
+    assert column_rel_err(J, oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=1)) < 1e-4
     te = torch.tensor(2.5, requires_grad=True)
     flip = torch.tensor([8.0, 12.0, 15.0, 10.0], requires_grad=True)
     sim.simulate(TE=te, flip=flip, T1=T1, T2=T2, B0=20.0).abs().pow(2).sum().backward()
@@ -388,7 +395,7 @@ def test_truefisp_against_the_oracle():
     got = sim.simulate(T1=T1, T2=T2, B0=b0, B1=0.9)
     assert got.shape == (2, 2, 8) and rel(got, oracle(sim, fields, states=1)) < 1e-5
     _, J = sim.jacobian(("T1", "T2", "B0"), T1=T1, T2=T2, B0=b0, B1=0.9)
-    assert rel(J, oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=1)) < 1e-4
+    assert column_rel_err(J, oracle_jacobian(sim, fields, ("t1_ms", "t2_ms", "b0_hz"), states=1)) < 1e-4
     tr = torch.tensor(4.0, requires_grad=True)
     sim.simulate(TR=tr, T1=T1, T2=T2, B0=b0).abs().sum().backward()
     tr_ref = torch.tensor(4.0, dtype=F64, requires_grad=True)
@@ -411,7 +418,7 @@ def test_fmssfp_against_the_oracle():
     assert got.shape == (2, 2, 5) and rel(got, oracle(sim, fields, states=1)) < 1e-5
     assert len(sim.describe().adc_events) == 5  # only the recorded sweep samples
     _, J = sim.jacobian(("T2", "B0"), T1=T1, T2=T2, B0=torch.tensor([0.0, 25.0]))
-    assert rel(J, oracle_jacobian(sim, fields, ("t2_ms", "b0_hz"), states=1)) < 1e-4
+    assert column_rel_err(J, oracle_jacobian(sim, fields, ("t2_ms", "b0_hz"), states=1)) < 1e-4
     shaped = fmSSFPSimulator(flip=30.0, TR=5.0, nshots=4, **FAST)
     assert rel(shaped.simulate(T1=T1, T2=T2, B0=10.0),
                oracle(shaped, dict(t1_ms=T1, t2_ms=T2, b0_hz=10.0), states=1)) < 1e-5
