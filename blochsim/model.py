@@ -784,10 +784,10 @@ class Simulator:
         if self._stored is not None:
             key = ("stored", states, repetitions, record, complex_states)
             entry = self._cache.get(key)
-            if entry is None:
+            if entry is None or not entry.program.current:  # a tensor of the description changed in place
                 program, windings = self._walk(None, settings, states, repetitions, record, complex_states)
                 values = values_of(program)
-                if any(v.requires_grad for v in values):
+                if program.sources is None:
                     return program, values, windings, False  # a differentiable description: compile every call
                 entry = _Entry(program, windings, torch.zeros(0), values, None)
                 self._cache.put(key, entry)

@@ -58,11 +58,25 @@ class Program:
     # What was moved to a device: device -> (action, record), (device, dtype) -> values. Shallow copies of
     # a program share it, so each entry keeps the arrays it was made from and serves only those.
     bound: dict = field(default_factory=dict, repr=False, compare=False)
+    # (tensor, version counter, requires_grad) of each tensor the values were read from, for a program that
+    # may be kept for reuse (`compile_program`); None for one that may not (its values carry a derivative).
+    sources: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def constant(self) -> bool:
         """No value carries a derivative: the program can be reused by later calls."""
         return not any(differentiated(v) for v in (self.dt_s, self.dt_wrap_s, self.flip_rad, self.phase_rad))
+
+    @property
+    def current(self) -> bool:
+        """Whether the program may be reused: its values were read from tensors that have not changed in
+        place since (a version counter moves with every in-place change) nor been made to require grad."""
+        if self.sources is None:
+            return False
+        for tensor, version, grad in self.sources:
+            if tensor._version != version or tensor.requires_grad is not grad:
+                return False
+        return True
 
     def structure_on(self, device) -> tuple:
         """(action, record) as int32 tensors on `device`, made once per device."""
@@ -215,8 +229,9 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
         raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
     key = (repetitions, record, states, complex_states, checkpoint_stride)
     cache = getattr(description, _CACHE, None)
-    if cache is not None and key in cache:
-        return copy.copy(cache[key])  # callers may set fields (states, phases) on theirs
+    kept = None if cache is None else cache.get(key)
+    if kept is not None and kept.current:
+        return copy.copy(kept)  # callers may set fields (states, phases) on theirs
     trains = getattr(description, _TRAINS, None)
     if trains:  # split by an earlier call: skip the partial compile
         raise TrainAxisError(trains)
@@ -224,14 +239,40 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
         program = _compile(description, repetitions, record, states, complex_states)
     except _PerTrain:
         raise TrainAxisError(split_trains(description)) from None
-    # Under no_grad a differentiated description compiles to constants: keep only what grad mode sees.
-    if torch.is_grad_enabled() and program.constant and hasattr(description, "__dict__"):
-        if cache is None:
-            cache = {}
-            object.__setattr__(description, _CACHE, cache)
-        cache[key] = program
-        return copy.copy(program)
-    return program
+    if not program.constant or not hasattr(description, "__dict__"):
+        return program
+    sources = _value_sources(description)
+    # Under no_grad a differentiated description compiles to constants: keep only what grad mode would.
+    if sources is None or not torch.is_grad_enabled() and any(differentiated(t) for t, _, _ in sources):
+        return program
+    program.sources = sources
+    if cache is None:
+        cache = {}
+        object.__setattr__(description, _CACHE, cache)
+    cache[key] = program
+    return copy.copy(program)
+
+
+def _value_sources(description) -> tuple | None:
+    """(tensor, version counter, requires_grad) of each distinct tensor the compiler reads values of
+    `description` from: the sources its builder named beside its columns (while they are current), else
+    every tensor its events and `tr_duration_us` hold. A view shares its base's counter, so the events of
+    a train that hold entries of one flip tensor count once. None when a tensor has no version counter
+    (an inference tensor may change in place unseen): such a description is not kept."""
+    kept = getattr(description, COLUMNS_KEY, None)
+    if kept is not None and kept.current:
+        tensors = [source[0] for source in kept.sources]
+    else:
+        tensors = [v for e in description.events for v in (e.timestamp_us, *e.params) if isinstance(v, torch.Tensor)]
+    if isinstance(description.tr_duration_us, torch.Tensor):
+        tensors.append(description.tr_duration_us)
+    bases = {}
+    for tensor in tensors:
+        if tensor.is_inference():
+            return None
+        base = tensor if tensor._base is None else tensor._base
+        bases[id(base)] = base
+    return tuple((base, base._version, base.requires_grad) for base in bases.values())
 
 
 def _host(t: torch.Tensor) -> np.ndarray:

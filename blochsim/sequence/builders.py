@@ -53,6 +53,10 @@ class _Shots:
         source = self.source
         if not isinstance(source, torch.Tensor) or source.dim() == 0:
             return [source] * self.count
+        if source.requires_grad:
+            # Single views, not unbind's: autograd refuses the views of a multi-output op once their base has
+            # changed in place, and the events outlive such a change (the engine then compiles them afresh).
+            return [source.select(-1, k) for k in range(self.count)]
         return list(source.unbind(-1))
 
 

@@ -45,7 +45,7 @@ class EventColumns:
     amplitude_hz: torch.Tensor  # [N] float64 amplitude of a rotating pulse; 0 elsewhere
     phase_rad: torch.Tensor  # [N] float64 phase of a rotating pulse or demodulation phase of an ADC; 0 elsewhere
     rf_phase_differentiated: bool  # a rotating pulse's phase carries a derivative (the real path then cannot hold it)
-    sources: tuple = ()  # (tensor, version counter) of each tensor the events hold views of, when laid out
+    sources: tuple = ()  # (tensor, version counter, requires_grad) per tensor the events hold views of, when laid out
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -64,13 +64,15 @@ class EventColumns:
 
     @property
     def current(self) -> bool:
-        """No source changed in place since the columns were laid out (the events would show the change)."""
-        return all(tensor._version == version for tensor, version in self.sources)
+        """No source changed in place, nor was made to require grad, since the columns were laid out (the
+        events would show the change)."""
+        return all(tensor._version == version and tensor.requires_grad is grad
+                   for tensor, version, grad in self.sources)
 
 
 def sources(values) -> tuple:
     """`EventColumns.sources` of the tensors among `values`."""
-    return tuple((v, v._version) for v in values if isinstance(v, torch.Tensor))
+    return tuple((v, v._version, v.requires_grad) for v in values if isinstance(v, torch.Tensor))
 
 
 def attach(description, columns: EventColumns | None):

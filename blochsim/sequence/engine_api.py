@@ -67,8 +67,12 @@ class PackedDescription:
     _programs: dict = field(default_factory=dict, repr=False)
 
     def program(self, complex_states: bool):
-        """The compiled program (one per path), memoized."""
-        if complex_states not in self._programs:
+        """The compiled program (one per path), kept while its values carry no derivative and the tensors
+        they were read from are unchanged (`Program.current`): a differentiated one is compiled on every
+        call (a kept one would hold a graph that the first backward frees), and one whose description
+        changed in place is compiled again."""
+        kept = self._programs.get(complex_states)
+        if kept is None or not kept.current:
             reps, states = self.repetitions, self.states
             if reps == "auto":
                 reps = 1
@@ -76,9 +80,11 @@ class PackedDescription:
             elif self.record_every:
                 reps = 1  # every playing is laid out and recorded by `unroll`
                 states = states if states is not None else default_states(self.description, self.repetitions)
-            self._programs[complex_states] = compile_fast(self.description, repetitions=reps, record=self.record,
-                                                          states=states, complex_states=complex_states)
-        return self._programs[complex_states]
+            kept = compile_fast(self.description, repetitions=reps, record=self.record, states=states,
+                                complex_states=complex_states)
+            if kept.sources is not None:
+                self._programs[complex_states] = kept
+        return kept
 
 
 def pack_description(description, *, repetitions=1, record="all", device=None, rf_raster_time_s=1e-6,
