@@ -213,10 +213,11 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     (`sequence.columns`: those the description's builder laid out, else one walk over its events), then
     compiled with a few vector ops per array; each RF definition is read once.
 
-    A description is immutable, so a program whose values carry no derivative is kept on it (per set of
-    arguments) and later calls reuse it, with its values already on the device they ran on. Its numbers
-    are read once: a tensor inside a description changed in place afterwards is not seen (build a new
-    description, or let the tensor require grad: differentiated programs are compiled on every call).
+    A program whose values carry no derivative is kept on its description (per set of arguments) and
+    later calls reuse it, with its values already on the device they ran on, while the tensors it was
+    read from are unchanged (`Program.current`): a tensor of the description changed in place (`with
+    torch.no_grad(): flips[3] = ...`) bumps its version counter, and the next call compiles afresh
+    (`_value_sources`). Differentiated programs are compiled on every call.
     A description with a train axis raises `TrainAxisError`, whose `parts` are its trains (`split_trains`).
     """
     if not isinstance(checkpoint_stride, int) or checkpoint_stride < 1:
