@@ -11,6 +11,7 @@ merely close. A wrong (stale) value differs by orders more than round-off.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,9 @@ from blochsim import engine
 from blochsim.model import UNBALANCED, Simulator, SpinPhysics
 from blochsim.sequence import (
     EpgEngine,
+    EventType,
     Excitation,
+    RfUse,
     SequenceDescription,
     SSFPFidReadout,
     TissueProperties,
@@ -117,6 +120,20 @@ def test_a_tensor_made_to_require_grad_after_the_program_was_kept():
     fresh = flips.detach().clone().requires_grad_()
     engine.simulate(builder(fresh), tissue(), states=8).abs().sum().backward()
     assert flips.grad is not None and torch.equal(flips.grad, fresh.grad)
+
+
+def test_a_description_of_numpy_values_holds_copies():
+    """A NumPy array changes in place without a version counter: the builders and operators copy it, so a
+    description is what it was built from, before and after the array changes."""
+    flips = np.linspace(0.2, 0.7, N)
+    description = builder(flips)
+    per_train = np.array([0.3, 0.6])
+    pulse = Excitation(per_train).emit(0.0)[0]
+    flips[3], per_train[0] = 0.05, 0.05
+    amplitudes = [float(e.rf_amplitude_hz) for e in description.events if e.type == EventType.RF
+                  and e.rf_use == RfUse.EXCITATION]
+    assert amplitudes == np.linspace(0.2, 0.7, N).tolist()
+    assert pulse.rf_amplitude_hz.tolist() == [0.3, 0.6]
 
 
 def test_epg_engine_with_a_packed_description():

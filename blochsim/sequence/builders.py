@@ -69,7 +69,8 @@ def _split(name: str, value: Any, count: int | None = None) -> _Shots:
     """
     if not isinstance(value, torch.Tensor):
         array = np.asarray(value, dtype=np.float64)
-        value = float(array) if array.ndim == 0 else torch.as_tensor(array)
+        # A copy: a tensor sharing a NumPy array's memory would change, unseen by any version counter, with it.
+        value = float(array) if array.ndim == 0 else torch.tensor(array)
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return _Shots(value, 1 if count is None else count)
     if value.dim() > 2 or (count is not None and value.shape[-1] != count):

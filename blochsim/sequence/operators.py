@@ -100,7 +100,8 @@ def _value(name: str, value: Any) -> Any:
             array = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be a real number, or one per train, got {value!r}") from None
-        value = float(array) if array.ndim == 0 else torch.as_tensor(array)
+        # A copy: a tensor sharing a NumPy array's memory would change, unseen by any version counter, with it.
+        value = float(array) if array.ndim == 0 else torch.tensor(array)
     if isinstance(value, torch.Tensor):
         if value.dim() > 1:
             raise ValueError(f"{name} must be a scalar or 1-D (one value per train), got shape {tuple(value.shape)}")
