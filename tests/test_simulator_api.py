@@ -227,9 +227,10 @@ def test_bad_settings():
 
 def test_bad_relaxation_times():
     sim = MRFSimulator(flip=[10.0, 20.0], TR=10.0)
-    with pytest.raises(ValueError, match="T1 must be >= 0 ms.*2 voxel\\(s\\) are bad, the first at index \\(1,\\)"):
+    with pytest.raises(ValueError,
+                       match="T1 must be a time >= 0 ms.*2 of 3 value\\(s\\) are bad, the first at index \\(1,\\)"):
         sim.simulate(T1=torch.tensor([1000.0, float("nan"), -2.0]), T2=80.0)
-    with pytest.raises(ValueError, match="T2 must be >= 0"):
+    with pytest.raises(ValueError, match="T2 must be a time >= 0 ms"):
         sim.simulate(T1=1000.0, T2=-1.0)
     zero = sim.simulate(T1=torch.tensor([0.0, 1000.0]), T2=torch.tensor([0.0, 80.0]))  # 0 is allowed (clamped)
     assert torch.isfinite(zero.real).all()

@@ -33,7 +33,7 @@ from .program import _count_windings
 from .program import compile_program as compile_fast
 from .simulate import _tangents as engine_tangents
 from .simulate import bind as engine_bind
-from .tissue import broadcast_shapes
+from .tissue import broadcast_shapes, check_tissue
 from .unrefocused import apply_t2_prime
 
 __all__ = ["AffineValues", "Packed", "pack_fields", "run", "unroll", "batched_vjp", "values_of", "compile_fast",
@@ -238,16 +238,6 @@ def _tensor_identity_differs(value: torch.Tensor, identity: float) -> torch.Tens
     return (value.detach() != identity).any()
 
 
-def _bad_times(name: str, value: torch.Tensor) -> ValueError:
-    t = value.detach()
-    bad = torch.isnan(t) | (t < 0)
-    count = int(bad.sum())
-    index = tuple(int(i) for i in bad.reshape(t.shape).nonzero()[0]) if t.dim() else ()
-    first = t.reshape(-1)[bad.reshape(-1)][0].item()
-    return ValueError(f"{name} must be >= 0 ms and not NaN (0 gives no signal, inf no relaxation); {count} "
-                      f"voxel(s) are bad, the first at index {index}: {first}")
-
-
 def broadcast_error(shapes: dict) -> ValueError:
     """ValueError naming every property with its shape and the first pair that does not broadcast."""
     names = list(shapes)
@@ -271,9 +261,10 @@ def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), 
     """Pack free-water tissue `{engine field: number or tensor}` for the kernels, or None if it has pools.
 
     Only the fields given are read; `t1_ms` and `t2_ms` must be among them. Fields named in `active` are
-    sent even at their identity value. NaN or negative relaxation times raise ValueError naming the
-    property (`names` maps fields to public names for the messages). One host sync at most. Buffers are
-    made on `device` (default: where the tensors are, else the CPU).
+    sent even at their identity value. A property outside its range (`engine.tissue.check_tissue`: NaN,
+    a negative time, ...) raises ValueError naming it (`names` maps fields to public names for the
+    messages). One host sync for the free-water path. Buffers are made on `device` (default: where the
+    tensors are, else the CPU).
 
     The last packing is kept while its tensors are alive and unmodified (same objects, same version
     counters) and nothing is differentiated: a loop that changes only the sequence (design, dictionary
@@ -297,30 +288,25 @@ def _pack_fields(fields: dict, dtype, active, names: dict, device) -> Packed | N
                       torch.device("cpu"))
     shapes, checks, kinds = {}, [], []
     for field, value in fields.items():
-        if field not in _KERNEL_FIELDS:
-            if field in active:  # a Jacobian along a pool property or T2' takes the engine's binding
-                return None
-            identity = IDENTITY[field]
-            if isinstance(value, torch.Tensor):
-                if differentiated(value) or bool(_tensor_identity_differs(value, identity)):
-                    return None
-            elif float(value) != identity:
-                return None
-            continue
-        if isinstance(value, torch.Tensor):
+        if field in _KERNEL_FIELDS and isinstance(value, torch.Tensor):
             shapes[names.get(field, field)] = value.shape
-            if field in _TIME_FIELDS:
-                checks.append((value.detach() >= 0).all())  # False for a negative or NaN time
-                kinds.append(field)
-            elif field not in active and not value.requires_grad:
+            if field not in _TIME_FIELDS and field not in active and not value.requires_grad:
                 checks.append(_tensor_identity_differs(value, IDENTITY[field]))
                 kinds.append(field)
-        elif field in _TIME_FIELDS and not float(value) >= 0:
-            raise _bad_times(names.get(field, field), torch.tensor(float(value)))
-    flags = dict(zip(kinds, torch.stack(checks).tolist(), strict=True)) if checks else {}  # the one sync
-    for field in _TIME_FIELDS:
-        if flags.get(field) is False:
-            raise _bad_times(names.get(field, field), fields[field])
+    # Every given property is validated here, under the caller's names, pools included (the engine's binding
+    # would name engine fields); the one host sync also reads which maps sit at their identity value.
+    flags = dict(zip(kinds, check_tissue(fields, names, checks), strict=True))
+    for field, value in fields.items():
+        if field in _KERNEL_FIELDS:
+            continue
+        if field in active:  # a Jacobian along a pool property or T2' takes the engine's binding
+            return None
+        identity = IDENTITY[field]
+        if isinstance(value, torch.Tensor):
+            if differentiated(value) or bool(_tensor_identity_differs(value, identity)):
+                return None
+        elif float(value) != identity:
+            return None
     try:
         voxel_shape = broadcast_shapes(*shapes.values())
     except ValueError:

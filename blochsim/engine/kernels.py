@@ -187,7 +187,11 @@ _PASSES = {"bs_epg_forward": 0, "bs_epg_jvp": 1, "bs_epg_vjp": 2, "bs_epg_vjp_jv
 
 def _call(st: Static, entry: str, args) -> None:
     """Run an entry point on the library of the data's device: CUDA tensors go to the CUDA build, on
-    torch's current stream, with scratch allocated by torch; nothing comes back to the host."""
+    torch's current stream, with scratch allocated by torch; nothing comes back to the host. No voxels (an
+    empty property array, as NumPy broadcasts it) leave the outputs as allocated: empty, and zero gradients
+    of the values every voxel shares."""
+    if st.num_voxels == 0:
+        return
     if st.device.type == "cuda":
         lib = nat.cuda_library()
         args.stream = torch.cuda.current_stream(st.device).cuda_stream

@@ -64,7 +64,7 @@ def _f64(value, device) -> torch.Tensor:
 
 
 def _rate(t_ms: torch.Tensor) -> torch.Tensor:
-    """1/T in 1/s; T clamped to >= 1e-6 ms (T = 0 gives no signal), T = inf gives 0."""
+    """1/T in 1/s; T clamped to >= 1e-6 ms (T = 0 relaxes at once, not NaN), T = inf gives 0."""
     return 1000.0 / t_ms.clamp_min(1e-6)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import cmath
 import copy
 import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,31 @@ def shifts_per_repetition(description) -> int:
         n += bool(bits & EventAction.CRUSH_BEFORE) + bool(bits & EventAction.CRUSH_AFTER)
         n += bool(bits & EventAction.SHIFT_AFTER) and not bits & EventAction.SPOIL_AFTER
     return n
+
+
+#: The most EPG orders a call may ask for. A voxel's state holds 3 complex values per order (more with pools:
+#: up to 16), and the adjoint keeps several copies per voxel, so 2**16 orders already take ~1.5 MiB of float32
+#: state per voxel per copy; no train winds that far usefully (orders past 1 + repetitions x windings per
+#: repetition stay zero), and a larger count is a slip that would otherwise fail while allocating.
+MAX_STATES = 1 << 16
+
+
+def check_states(states, name: str = "states") -> int | None:
+    """`states` as an int (NumPy integers accepted), None kept; ValueError naming `name` for anything but an
+    integer in 1..MAX_STATES."""
+    if states is None:
+        return None
+    try:
+        count = operator.index(states)  # ints and NumPy integers; not bools, floats or strings
+    except TypeError:
+        count = None
+    if count is None or isinstance(states, bool) or count < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (EPG orders) or None (automatic), got {states!r}")
+    if count > MAX_STATES:
+        raise ValueError(f"{name}={count} asks for more EPG orders than blochsim allocates ({MAX_STATES} = 2**16): "
+                         "each voxel's state holds 3 complex values per order, and orders past 1 + repetitions x "
+                         "windings per repetition stay zero; give fewer states, or None for the automatic count")
+    return count
 
 
 def default_states(description, repetitions: int) -> int:
@@ -226,8 +252,7 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
         raise ValueError(f"record must be one of ('all', 'acquired', 'echo'), got {record!r}")
     if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
         raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
-    if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
-        raise ValueError(f"states must be an integer >= 1 (EPG orders), got {states!r}")
+    states = check_states(states)
     key = (repetitions, record, states, complex_states, checkpoint_stride)
     cache = getattr(description, _CACHE, None)
     kept = None if cache is None else cache.get(key)
@@ -357,7 +382,31 @@ def _layout(columns, description, record: str) -> _Layout:
     return layout
 
 
+def shim_error(index: int, shim_id) -> NotImplementedError:
+    """The error for events[index], an RF event playing static shim `shim_id` (not 0), which no engine models yet."""
+    return NotImplementedError(
+        f"events[{index}] is an RF pulse of shim_id={shim_id}: static parallel-transmit shims (shim ids other than "
+        "0) are not built into the engine yet, and playing the pulse unshimmed would be a different sequence; "
+        "give it shim_id=0")
+
+
+def check_shims(description) -> None:
+    """Raise `shim_error` at the first RF event of `description` with a shim id other than 0.
+
+    A builder's description (its columns attached) plays shim 0 throughout and is not walked.
+    """
+    if getattr(description, COLUMNS_KEY, None) is not None:
+        return
+    for i, event in enumerate(description.events):
+        if event.type is _RF_EVENT and event.params[5] != 0:
+            raise shim_error(i, event.params[5])
+
+
+_RF_EVENT = EventType.RF
+
+
 def _compile(description, repetitions, record, states, complex_states) -> Program:
+    check_shims(description)
     columns = columns_of(description)
     if columns is None:
         raise _PerTrain

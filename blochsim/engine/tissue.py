@@ -8,6 +8,7 @@ over broadcast axes.
 
 from __future__ import annotations
 
+import cmath
 import math
 from dataclasses import dataclass
 
@@ -18,13 +19,67 @@ from .._arrays import LastResult, broadcast_shapes
 from ..sequence.tissue import IDENTITY, TissueProperties
 from .program import differentiated
 
-__all__ = ["PackedTissue", "pack_tissue", "check_tissue", "TIME_FIELDS"]
+__all__ = ["PackedTissue", "pack_tissue", "check_tissue", "check_values", "Accepted", "FIELD_RANGES",
+           "TIME_FIELDS"]
 
-#: Relaxation times: NaN or negative is an error; 0 (clamped: no signal) and inf (no relaxation) are allowed.
+#: Relaxation times: NaN or negative is an error; 0 (clamped to 1e-6 ms: it relaxes at once) and inf (it
+#: never relaxes) are allowed (API.md 4.3, 10).
 TIME_FIELDS = ("t1_ms", "t2_ms", "t1_bound_ms", "t2_bound_ms", "t2_prime_ms") + tuple(
     f"t{n}_pool_{p}_ms" for p in "bcde" for n in (1, 2)
 )
 _FRACTIONS = ("bound_fraction", "pool_b_fraction", "pool_c_fraction", "pool_d_fraction", "pool_e_fraction")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The accepted values of a property: never NaN; numbers from `low` (None: no bound; excluded when
+    `low_open`) to `high` (None: no bound), +inf when `infinite`. `text` says that range, with its unit, in
+    the error message."""
+
+    low: float | None
+    infinite: bool
+    text: str
+    high: float | None = None
+    low_open: bool = False
+
+    @classmethod
+    def time(cls, what: str) -> Accepted:
+        """A relaxation time (API.md 4.3): >= 0 ms or inf; 0 is clamped to 1e-6 ms. `what` says what inf means."""
+        return cls(0.0, True, f"a time >= 0 ms, not NaN (0 relaxes at once: it is clamped to 1e-6 ms; {what})")
+
+    @classmethod
+    def finite(cls, unit: str) -> Accepted:
+        """Any finite number."""
+        return cls(None, False, f"a finite number ({unit})")
+
+
+_time, _finite = Accepted.time, Accepted.finite
+
+_RATE = Accepted(0.0, False, "a finite exchange rate >= 0 Hz")
+_FRACTION = Accepted(0.0, False, "a finite fraction >= 0 (the pool fractions of a voxel sum to <= 1)")
+
+#: The accepted range of every `TissueProperties` field (tests/test_input_checks.py walks them all).
+FIELD_RANGES = {
+    "t1_ms": _time("inf: no T1 recovery"),
+    "t2_ms": _time("inf: no T2 decay"),
+    "m0": _finite("a.u."),
+    "b1": _finite("fraction of the nominal flip"),
+    "b1_phase_rad": _finite("rad"),
+    "b0_hz": _finite("Hz"),
+    "inversion_efficiency": _finite("fraction"),
+    "t2_prime_ms": _time("inf: no intravoxel spread"),
+    "diffusion_um2_per_ms": Accepted(0.0, False, "a finite diffusivity >= 0 um^2/ms"),
+    "velocity_m_per_s": _finite("m/s"),
+    "bound_fraction": _FRACTION,
+    "bound_exchange_hz": _RATE,
+    "t1_bound_ms": _time("inf: no T1 recovery"),
+    "t2_bound_ms": Accepted(0.0, False, "a finite time >= 0 ms (the T2 of the semisolid lineshape, which is "
+                                        "undefined at inf)"),
+    **{name: rule for p in "bcde" for name, rule in (
+        (f"pool_{p}_fraction", _FRACTION), (f"pool_{p}_exchange_hz", _RATE),
+        (f"t1_pool_{p}_ms", _time("inf: no T1 recovery")), (f"t2_pool_{p}_ms", _time("inf: no T2 decay")),
+        (f"pool_{p}_shift_hz", _finite("Hz")))},
+}
 
 
 @dataclass
@@ -43,39 +98,98 @@ def _is_identity(value, identity) -> bool:
     return float(value) == identity
 
 
-def _first_bad(mask: torch.Tensor) -> tuple[int, tuple]:
-    count = int(mask.sum())
-    index = tuple(int(i) for i in mask.nonzero()[0]) if count else ()
-    return count, index
+def _outside(t: torch.Tensor, accepted: Accepted) -> torch.Tensor:
+    """Where the tensor `t` is not accepted (a bool tensor of its shape)."""
+    if t.is_complex():
+        return ~torch.isfinite(t)
+    bad = torch.isnan(t) | (t == -math.inf) if accepted.infinite else ~torch.isfinite(t)
+    if accepted.low is not None:
+        bad = bad | ((t <= accepted.low) if accepted.low_open else (t < accepted.low))
+    return bad if accepted.high is None else bad | (t > accepted.high)
 
 
-def check_tissue(tissue: TissueProperties) -> None:
-    """Raise ValueError for NaN or negative times, and for pool fractions < 0 or summing past 1."""
-    for name in TIME_FIELDS:
-        value = getattr(tissue, name)
-        t = torch.as_tensor(value).detach()
-        bad = torch.isnan(t) | (t < 0)
-        if bool(bad.any()):
-            count, index = _first_bad(bad.reshape(t.shape) if t.dim() else bad.reshape(1))
-            raise ValueError(
-                f"{name} must be >= 0 ms and not NaN (0 gives no signal, inf no relaxation); "
-                f"{count} voxel(s) are bad, the first at index {index}: {t.reshape(-1)[bad.reshape(-1)][0].item()}"
-            )
-    total, given = None, []
-    for name in _FRACTIONS:
-        f = torch.as_tensor(getattr(tissue, name), dtype=torch.float64).detach()
-        if bool((f < 0).any()) or bool(torch.isnan(f).any()):
-            raise ValueError(f"{name} must be a fraction >= 0, got values down to {f.min().item()}")
-        total = f if total is None else total + f
-        if bool((f != 0).any()):
-            given.append(name)
-    if bool((total > 1 + 1e-6).any()):
+def _outside_number(x, accepted: Accepted) -> bool:
+    """Whether the Python number `x` is not accepted (as `_outside`, without a tensor)."""
+    if isinstance(x, complex):
+        return not cmath.isfinite(x)
+    x = float(x)
+    if math.isnan(x) or x == -math.inf or (x == math.inf and not accepted.infinite):
+        return True
+    low, high = accepted.low, accepted.high
+    return (low is not None and (x <= low if accepted.low_open else x < low)) or (high is not None and x > high)
+
+
+def _range_error(name: str, value, accepted: Accepted) -> ValueError:
+    t = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value)
+    bad = _outside(t, accepted)
+    count = int(bad.sum())
+    index = tuple(int(i) for i in bad.nonzero()[0]) if t.dim() else ()
+    first = t.reshape(-1)[bad.reshape(-1)][0].item()
+    return ValueError(f"{name} must be {accepted.text}; {count} of {t.numel()} value(s) are bad, the first at "
+                      f"index {index}: {first}")
+
+
+def check_values(values: dict, ranges: dict, names: dict | None = None, extra=()) -> list:
+    """Raise ValueError for the first of `values` (`{key: number or tensor}`) outside its range in `ranges`.
+
+    The message names the property (`names` maps keys to the public names the caller used), the number
+    of bad values, the first bad index and the accepted range. Keys without a range are not checked.
+    Every tensor check, and the bool tensors of `extra` (the caller's own checks), are read back in one
+    host sync; returns the values of `extra` as Python bools.
+    """
+    names = names or {}
+    checks, owners = [], []
+    for key, value in values.items():
+        accepted = ranges.get(key)
+        if accepted is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            if _outside_number(value, accepted):
+                raise _range_error(names.get(key, key), value, accepted)
+        elif value.numel():
+            checks.append(_outside(value.detach(), accepted).any())
+            owners.append(key)
+    checks += list(extra)
+    if not checks:
+        return []
+    device = checks[0].device
+    flags = torch.stack([c if c.device == device else c.to(device) for c in checks]).tolist()  # the one sync
+    for key, bad in zip(owners, flags, strict=False):
+        if bad:
+            raise _range_error(names.get(key, key), values[key], ranges[key])
+    return flags[len(owners):]
+
+
+def check_tissue(fields: dict, names: dict | None = None, extra=()) -> list:
+    """Raise ValueError for a tissue field outside its range (`FIELD_RANGES`, `check_values`), or for pool
+    fractions summing past 1 in a voxel. `fields` maps `TissueProperties` field names to the values given;
+    `names` maps them to the public names of the messages. One host sync, which also reads the bool
+    tensors of `extra`; returns their values."""
+    names = names or {}
+    given = [f for f in _FRACTIONS if f in fields and (isinstance(fields[f], torch.Tensor) or fields[f] != 0)]
+    total, over = None, []
+    if any(isinstance(fields[f], torch.Tensor) for f in given):
+        try:
+            total = sum(fields[f].detach().to(torch.float64) if isinstance(fields[f], torch.Tensor)
+                        else torch.tensor(float(fields[f]), dtype=torch.float64) for f in given)
+            over = [(total > 1 + 1e-6).any()]  # 1e-6: fractions meant to sum to 1, rounded in float32
+        except RuntimeError:  # they do not broadcast: the packing names every shape
+            total = None
+    flags = check_values(fields, FIELD_RANGES, names, list(extra) + over)
+    if over:
+        exceeded, flags = flags[-1], flags[:-1]
+    else:
+        total = torch.tensor(sum(float(fields[f]) for f in given), dtype=torch.float64)
+        exceeded = float(total) > 1 + 1e-6
+    if exceeded:
         flat = total.reshape(-1)
         worst = int(flat.argmax())
         raise ValueError(
-            f"the semisolid and exchanging pool fractions ({' + '.join(given)}) share the voxel with free water, "
-            f"so they must sum to <= 1; the worst voxel (flat index {worst}) sums to {flat[worst].item():.6g}"
+            f"the semisolid and exchanging pool fractions ({' + '.join(names.get(f, f) for f in given)}) share the "
+            f"voxel with free water, so they must sum to <= 1; the worst voxel (flat index {worst}) sums to "
+            f"{flat[worst].item():.6g}"
         )
+    return flags
 
 
 def pack_tissue(
@@ -102,7 +216,7 @@ _LAST_PACKING = LastResult()
 
 
 def _pack_tissue(tissue: TissueProperties, dtype, device, active) -> PackedTissue:
-    check_tissue(tissue)
+    check_tissue(dict(tissue.items()))
     raw = {}
     for name in nat.TISSUE_PARAMS:
         value = getattr(tissue, name)

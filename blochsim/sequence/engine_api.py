@@ -19,7 +19,7 @@ from .._arrays import to_tensor
 from .._errors import check_device
 from ..engine.bind import compile_fast, pack_fields, run, unroll, values_of
 from ..engine.bind import needs_complex as _needs_complex
-from ..engine.program import default_states, shifts_per_repetition, split_trains
+from ..engine.program import check_shims, check_states, default_states, shifts_per_repetition, split_trains
 from ..engine.steady import simulate_steady
 from ..engine.vmap import loop_under_vmap
 from .description import SequenceDescription
@@ -106,6 +106,8 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
         raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {repetitions!r}")
     if record_every and repetitions == "auto":
         raise ValueError("record_every=True records each of a finite number of playings; give repetitions=N")
+    nstates = check_states(nstates, "nstates")
+    check_shims(description)
     if rf_raster_time_s != 1e-6 and rf_raster_time_s != description.rf_raster_time_s:
         description = dataclasses.replace(description, rf_raster_time_s=rf_raster_time_s)
     trains = tuple(PackedDescription(part, repetitions, record, nstates, bool(record_every))

@@ -17,6 +17,7 @@ one off the CPU decides); the result returns to the tissue tensors' device.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -24,13 +25,39 @@ import torch
 from .._arrays import broadcast_shapes
 from .._errors import missing_property
 from ..engine.bind import broadcast_error
-from ..model import UNITS, Simulator
-from ._formulas._common import check_times
+from ..engine.tissue import FIELD_RANGES, Accepted, check_values
+from ..model import PUBLIC_FIELDS, UNITS, Simulator
 
 __all__ = ["ClosedForm", "Arranged"]
 
-#: Tissue times checked before the tissue is laid out, so that a bad-voxel index is the caller's index.
-_TISSUE_TIMES = ("T1", "T2", "T2star", "fat_T1", "fat_T2star", "T1_blood", "ATT")
+#: The accepted range of every closed-form tissue name (API.md 4.1): the event trains' names as the engine
+#: takes them, and the closed-form names. Checked before the tissue is laid out, so that a bad index is the
+#: caller's. `range_of` adds the Lorentzian pool names.
+RANGES = {
+    **{public: FIELD_RANGES[field] for public, field in PUBLIC_FIELDS.items()},
+    "T2star": Accepted.time("inf: no T2* decay"),
+    "chemshift": Accepted.finite("Hz"),
+    "fat_fraction": Accepted(0.0, False, "a fraction in [0, 1] (the fat share of the signal)", high=1.0),
+    "fat_phase": Accepted.finite("deg"),
+    "fat_T1": Accepted.time("inf: no T1 recovery"),
+    "fat_T2star": Accepted.time("inf: no T2* decay"),
+    "fat_inv_efficiency": Accepted.finite("fraction"),
+    "CBF": Accepted(0.0, False, "a finite flow >= 0 ml/100 g/min"),
+    "ATT": Accepted(0.0, True, "a time >= 0 ms, not NaN (inf: the label never arrives)"),
+    "T1_blood": Accepted.time("inf: no T1 recovery"),
+    "partition": Accepted(0.0, False, "a finite partition coefficient > 0 ml/g (it divides the flow)", low_open=True),
+    "offset": Accepted.finite("signal units"),
+    **{name: Accepted(0.0, False, "a finite diffusivity >= 0 um^2/ms (a diagonal entry of the tensor)")
+       for name in ("Dxx", "Dyy", "Dzz")},
+    **{name: Accepted.finite("um^2/ms") for name in ("Dxy", "Dxz", "Dyz")},
+}
+_POOL = re.compile(r"pool\d+_(amplitude|width|shift)")
+_LORENTZIAN = Accepted.finite("the units of offsets; amplitude: a fraction")
+
+
+def range_of(name: str) -> Accepted | None:
+    """The accepted range of the closed-form tissue name `name`, or None for a name blochsim does not define."""
+    return RANGES.get(name) or (_LORENTZIAN if _POOL.fullmatch(name) else None)
 
 #: Units of the closed-form tissue names that `model.UNITS` does not list (for "needs 'CBF' (...)").
 _UNITS = {"CBF": "ml/100 g/min", "partition": "ml/g", "B1": "fraction of nominal flip", "M0": "a.u.",
@@ -89,7 +116,7 @@ class ClosedForm(Simulator):
         for name in required:
             if name not in properties:
                 raise missing_property(name, simulator, UNITS.get(name, _UNITS.get(name)))
-        check_times(**{name: properties[name] for name in _TISSUE_TIMES if name in properties})
+        check_values(properties, {name: range_of(name) for name in properties})
         shapes = {name: tuple(value.shape) for name, value in properties.items()}
         try:
             voxel_shape = tuple(broadcast_shapes(*shapes.values())) if shapes else ()
