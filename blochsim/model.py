@@ -32,7 +32,7 @@ from ._arrays import as_number, first_library, library_of, reverse_jvps, to_libr
 from ._errors import check_device, missing_property, nearest, unknown_name
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
-from .engine.program import TrainAxisError, check_shims, check_states
+from .engine.program import TrainAxisError
 from .engine.steady import simulate_steady
 from .engine.vmap import loop_under_vmap
 from .sequence.description import SequenceDescription
@@ -86,8 +86,13 @@ _UNITS = {"ms": ("T1", "T2", "T2prime", "bound_T1", "T2star", "fat_T1", "fat_T2s
           "rad": ("B1phase",), "um^2/ms": ("D",), "m/s": ("v",)}
 UNITS = {name: unit for unit, names in _UNITS.items() for name in names}
 
-#: Run settings, accepted under these names by the constructor, `bind` and every call (API.md 2.2).
-RUN_SETTINGS = ("states", "repetitions", "record", "device", "execution", "pulse", "shims", "across_slice")
+#: Run settings, accepted under these names by the constructor, `bind` and every call (API.md 2.2). [ours]
+#: `dtype` is the event trains' precision (`DTYPES`).
+RUN_SETTINGS = ("states", "repetitions", "record", "device", "execution", "pulse", "shims", "across_slice", "dtype")
+#: The `dtype` run setting: what an event train computes in and returns. Default (not given): float32 kernels,
+#: complex64 results (API.md 1.5).
+DTYPES = {torch.float32: torch.float32, torch.complex64: torch.float32,
+          torch.float64: torch.float64, torch.complex128: torch.float64}
 _CONSTRUCTOR_ONLY = ("model", "resolve", "crusher_dephasing_rad", "voxel_size_m")
 SLOTS = ("excitation", "refocusing", "inversion", "saturation", "preparation", "other", "readout", "delay")
 RECORD_MODES = ("all", "acquired", "echo")
@@ -476,7 +481,6 @@ class Simulator:
         return self._compose(args, settings)
 
     def _compose(self, args: dict, settings: dict) -> SequenceDescription:
-        _check_protocol(args, self.structural, finite=True)  # those on a GPU too, now on the host
         events, end_s = compose(*self.layout(**args))
         tr_s = self.repetition_s(end_s, **args)
         definitions = dict(self._model.definitions)
@@ -525,24 +529,29 @@ class Simulator:
                 out[name] = to_tensor(value, dtype=torch.float64 if event_train else None, name=name)
             else:
                 out[name] = value
-        _check_protocol(out, self.structural, finite=event_train, host_only=True)
         return out
 
     @staticmethod
-    def _convert_tissue(tissue: dict) -> dict:
+    def _convert_tissue(tissue: dict, settings: Mapping | None = None) -> dict:
+        """Tissue values as float tensors: Python numbers float32 (API.md 1.5), float64 under `dtype=` float64."""
+        number = DTYPES.get(settings.get("dtype"), torch.float32) if settings else torch.float32
         out = {}
         for name, value in tissue.items():
             value = as_number(value)
             if isinstance(value, torch.Tensor):
-                out[name] = value if value.is_floating_point() or value.is_complex() else value.to(torch.float32)
+                out[name] = value if value.is_floating_point() or value.is_complex() else value.to(number)
             elif isinstance(value, (bool, int, float)):
-                out[name] = torch.tensor(float(value), dtype=torch.float32)
+                out[name] = torch.tensor(float(value), dtype=number)
             else:
                 out[name] = to_tensor(value, name=name)
         return out
 
     def _sequence(self, protocol: dict, settings: dict) -> dict:
         if not self._event_train and self._evaluate_settings is not None:
+            if "dtype" in settings and "dtype" not in self._evaluate_settings:
+                raise TypeError(f"{type(self).__name__} is a closed form: it computes in the promoted dtype of its "
+                                f"inputs (float64 arrays give float64), so it takes no dtype= "
+                                f"(got {settings['dtype']}); dtype is a setting of event trains")
             settings = {k: v for k, v in settings.items() if k in self._evaluate_settings}
         return {**self._convert_protocol(protocol), **settings}
 
@@ -550,11 +559,13 @@ class Simulator:
     def simulate(self, **values):
         """The signal (API.md 1.3-1.6): tissue properties, protocol and run settings by name.
 
-        Event trains return complex64 of shape `(*voxel_shape, samples)`. Differentiable in reverse
-        mode with respect to every torch tensor given (flips, phases, timings, tissue maps).
+        Event trains return complex64 of shape `(*voxel_shape, samples)`, computed by the float32 kernels;
+        [ours] `dtype=torch.float64` (or `torch.complex128`) runs the float64 kernels and returns complex128.
+        Differentiable in reverse mode with respect to every torch tensor given (flips, phases, timings,
+        tissue maps).
         """
         protocol, tissue, settings, library = self._gather(values, ".simulate()")
-        properties = self._convert_tissue(tissue)
+        properties = self._convert_tissue(tissue, settings)
         if self._stored is not None:
             out = self._engine(properties, {}, settings)
         else:
@@ -584,7 +595,7 @@ class Simulator:
         protocol, tissue, settings, library = self._gather(values, ".jacobian()")
         for name in names:
             self._check_differentiable(name, protocol, tissue)
-        properties = self._convert_tissue(tissue)
+        properties = self._convert_tissue(tissue, settings)
         if self._event_train or self._stored is not None:
             signal, jac = self._engine_jacobian(names, properties, protocol, settings)
             axis = -2
@@ -741,7 +752,11 @@ class Simulator:
             fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(float(v), device=device)
                       for k, v in fields.items()}
         auto = repetitions == "auto"
-        dtype = torch.float64 if auto else torch.float32
+        double = DTYPES.get(settings.get("dtype")) == torch.float64
+        if double and device.type != "cpu":
+            raise ValueError(f"dtype={settings['dtype']} runs the float64 kernels, which only the host build has "
+                             f"(the CUDA kernels take float32); run on the CPU (device='cpu') or leave dtype unset")
+        dtype = torch.float64 if double or auto else torch.float32
         packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
         try:
@@ -749,10 +764,10 @@ class Simulator:
                                                                complex_states, dtype)
         except TrainAxisError as trains:
             signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, complex_states,
-                                           packed, fields, jacobian, dtype)
+                                           packed, fields, jacobian, dtype, double)
         else:
             if auto:
-                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian)
+                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, keep_double=double)
             else:
                 signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
         if home != device:  # results return to the tissue tensors' device
@@ -763,7 +778,7 @@ class Simulator:
         return request.output()
 
     def _run_trains(self, parts, protocol, states, repetitions, record, complex_states, packed, fields, jacobian,
-                    dtype):
+                    dtype, double=False):
         """(signal, J) of a layout whose event values carry a train axis (API.md 1.4): one program per train of
         `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
         is walked and each train compiled on every call."""
@@ -772,7 +787,8 @@ class Simulator:
         for part in parts:
             program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
             if repetitions == "auto":
-                runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian))
+                runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
+                                            keep_double=double))
             else:
                 runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
         return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])
@@ -919,7 +935,6 @@ class Simulator:
         if not isinstance(description, SequenceDescription):
             raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
         model = model or cls.model
-        check_shims(description)  # here, by its own event index: a handler may not take shim_id
         stored = _reemit(description, model.operators)
         self = cls.__new__(cls)
         self._setup(model, resolve=True, crusher=description.crusher_dephasing_rad, voxel=description.voxel_size_m,
@@ -973,52 +988,21 @@ def _reemit(description: SequenceDescription, operators: EventOperators) -> Sequ
                                description.voxel_size_m, description.rf_raster_time_s)
 
 
-#: Protocol times between pulses, which must be > 0: at 0 every pulse of the train plays at once.
-POSITIVE_TIMES = ("TR", "TRspgr", "TRmp2rage", "ESP")
-
-
-def _check_protocol(protocol: dict, structural, *, finite: bool, host_only: bool = False) -> None:
-    """ValueError for a protocol value that is NaN (or infinite, when `finite`: an event train's flips and times
-    become events), or a time of `POSITIVE_TIMES` <= 0, naming the argument as the caller gave it (with its
-    unit) and the first bad index. `host_only` leaves tensors off the CPU to the walk of the layout (a check
-    there would wait for the device)."""
-    for name, value in protocol.items():
-        if name in structural or isinstance(value, (bool, str)) or value is None:
-            continue
-        if isinstance(value, torch.Tensor):
-            if (host_only and not value.is_cpu) or not (value.is_floating_point() or value.is_complex()):
-                continue
-            t = value.detach()
-        elif isinstance(value, (int, float)):
-            t = torch.tensor(float(value), dtype=torch.float64)
-        else:
-            continue
-        bad = torch.isnan(t) if not finite else ~torch.isfinite(t)
-        positive = name in POSITIVE_TIMES and not t.is_complex()
-        if positive:
-            bad = bad | (t <= 0)
-        if not bool(bad.any()):
-            continue
-        unit = UNITS.get(name)
-        if positive:
-            accepted = f"a finite time > 0 {unit} (at 0 every pulse plays at once)"
-        else:
-            accepted = f"a finite number{f' ({unit})' if unit else ''}" if finite else "a number, not NaN"
-        index = tuple(int(i) for i in bad.nonzero()[0]) if t.dim() else ()
-        first = t.reshape(-1)[bad.reshape(-1)][0].item()
-        raise ValueError(f"{name} must be {accepted}; {int(bad.sum())} of {t.numel()} value(s) are bad, the first "
-                         f"at index {index}: {first}")
-
-
 def _check_setting(name: str, value):
     if name == "states":
-        value = check_states(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"states must be an integer >= 1 (EPG orders) or None (automatic), got {value!r}")
     elif name == "repetitions":
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {value!r}")
     elif name == "record":
         if value not in RECORD_MODES:
             raise ValueError(f"record must be one of {RECORD_MODES}, got {value!r}")
+    elif name == "dtype":
+        if not isinstance(value, torch.dtype) or value not in DTYPES:
+            raise ValueError(f"dtype must be torch.float32 or torch.complex64 (float32 kernels, complex64 results: "
+                             f"the default) or torch.float64 or torch.complex128 (float64 kernels, complex128 "
+                             f"results), got {value!r}")
     elif name == "device":
         check_device(value)
     elif name == "pulse":

@@ -116,18 +116,19 @@ def _present(value) -> bool:
     return float(value) != 0.0
 
 
-def simulate_steady(program, values: tuple, windings: int, packed, fields: dict, jacobian=()):
+def simulate_steady(program, values: tuple, windings: int, packed, fields: dict, jacobian=(), *,
+                    keep_double: bool = False):
     """The steady state of `program` (compiled for one playing) on tissue `fields`.
 
     `packed` is `bind.pack_fields(fields, dtype=torch.float64, active=jacobian)` (None for pooled
     tissue); `windings` the shifts per playing (0: the exact fixed point). Returns (signal complex64
-    [*voxel, S], J complex64 [*voxel, P, S] or None).
+    [*voxel, S], J complex64 [*voxel, P, S] or None); complex128 with `keep_double` (a caller that asked
+    for float64 results).
     """
     dt, dt_wrap = values[0].detach(), values[1].detach()
     playing_s = float(dt.sum() - dt[0] + dt_wrap[0])
-    times = [torch.as_tensor(value).detach() for name, value in fields.items()
-             if name.endswith("_ms") and name != "t2_prime_ms"]
-    slowest = max((float(t.max()) for t in times if t.numel()), default=0.0)  # no voxels: nothing to wait for
+    slowest = max(float(torch.as_tensor(value).detach().max()) for name, value in fields.items()
+                  if name.endswith("_ms") and name != "t2_prime_ms")
     stride = stride_for(playing_s, slowest)
     modes = None
     if windings == 0:
@@ -145,4 +146,5 @@ def simulate_steady(program, values: tuple, windings: int, packed, fields: dict,
         return seq, jac.reshape(voxel + (len(jacobian), n, S)).movedim((-3, -2), (0, 1))
 
     limit, dlimit = steady_state(play, modes=modes)
-    return limit.to(torch.complex64), None if dlimit is None else dlimit.movedim(0, -2).to(torch.complex64)
+    out = torch.complex128 if keep_double else torch.complex64
+    return limit.to(out), None if dlimit is None else dlimit.movedim(0, -2).to(out)

@@ -25,8 +25,9 @@ class MPRAGESimulator(Simulator):
     (`record="acquired"`); the others are played with role NON_ACQUIRED. `states=1`, T2 pinned at 100 ms.
     Tissue: T1 (ms), M0, inv_efficiency, and every API.md 4.1 name.
 
-    Returns `voxel_shape` (no sample axis), the engine value times +i (API.md 1.6): real, `+sin(a) Mz`
-    before the centre pulse, negative when Mz is still inverted there. `jacobian` gives `(*voxel)` for one
+    Returns `voxel_shape` (no sample axis) complex64 (complex128 with `dtype=torch.float64`), the engine
+    value times +i (API.md 1.6): on resonance its value is real, `+sin(a) Mz` before the centre pulse,
+    negative when Mz is still inverted there. `jacobian` gives `(*voxel)` for one
     name and `(*voxel, P)` for a sequence. A `TI` earlier than the first excitation is a ValueError.
     """
 
