@@ -32,7 +32,7 @@ from ._arrays import as_number, first_library, library_of, reverse_jvps, to_libr
 from ._errors import check_device, missing_property, nearest, unknown_name
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
-from .engine.program import TrainAxisError
+from .engine.program import TrainAxisError, check_shims, check_states
 from .engine.steady import simulate_steady
 from .engine.vmap import loop_under_vmap
 from .sequence.description import SequenceDescription
@@ -481,6 +481,7 @@ class Simulator:
         return self._compose(args, settings)
 
     def _compose(self, args: dict, settings: dict) -> SequenceDescription:
+        _check_protocol(args, self.structural, finite=True)  # those on a GPU too, now on the host
         events, end_s = compose(*self.layout(**args))
         tr_s = self.repetition_s(end_s, **args)
         definitions = dict(self._model.definitions)
@@ -529,6 +530,7 @@ class Simulator:
                 out[name] = to_tensor(value, dtype=torch.float64 if event_train else None, name=name)
             else:
                 out[name] = value
+        _check_protocol(out, self.structural, finite=event_train, host_only=True)
         return out
 
     @staticmethod
@@ -935,6 +937,7 @@ class Simulator:
         if not isinstance(description, SequenceDescription):
             raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
         model = model or cls.model
+        check_shims(description)  # here, by its own event index: a handler may not take shim_id
         stored = _reemit(description, model.operators)
         self = cls.__new__(cls)
         self._setup(model, resolve=True, crusher=description.crusher_dephasing_rad, voxel=description.voxel_size_m,
@@ -988,10 +991,46 @@ def _reemit(description: SequenceDescription, operators: EventOperators) -> Sequ
                                description.voxel_size_m, description.rf_raster_time_s)
 
 
+#: Protocol times between pulses, which must be > 0: at 0 every pulse of the train plays at once.
+POSITIVE_TIMES = ("TR", "TRspgr", "TRmp2rage", "ESP")
+
+
+def _check_protocol(protocol: dict, structural, *, finite: bool, host_only: bool = False) -> None:
+    """ValueError for a protocol value that is NaN (or infinite, when `finite`: an event train's flips and times
+    become events), or a time of `POSITIVE_TIMES` <= 0, naming the argument as the caller gave it (with its
+    unit) and the first bad index. `host_only` leaves tensors off the CPU to the walk of the layout (a check
+    there would wait for the device)."""
+    for name, value in protocol.items():
+        if name in structural or isinstance(value, (bool, str)) or value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            if (host_only and not value.is_cpu) or not (value.is_floating_point() or value.is_complex()):
+                continue
+            t = value.detach()
+        elif isinstance(value, (int, float)):
+            t = torch.tensor(float(value), dtype=torch.float64)
+        else:
+            continue
+        bad = torch.isnan(t) if not finite else ~torch.isfinite(t)
+        positive = name in POSITIVE_TIMES and not t.is_complex()
+        if positive:
+            bad = bad | (t <= 0)
+        if not bool(bad.any()):
+            continue
+        unit = UNITS.get(name)
+        if positive:
+            accepted = f"a finite time > 0 {unit} (at 0 every pulse plays at once)"
+        else:
+            accepted = f"a finite number{f' ({unit})' if unit else ''}" if finite else "a number, not NaN"
+        index = tuple(int(i) for i in bad.nonzero()[0]) if t.dim() else ()
+        first = t.reshape(-1)[bad.reshape(-1)][0].item()
+        raise ValueError(f"{name} must be {accepted}; {int(bad.sum())} of {t.numel()} value(s) are bad, the first "
+                         f"at index {index}: {first}")
+
+
 def _check_setting(name: str, value):
     if name == "states":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"states must be an integer >= 1 (EPG orders) or None (automatic), got {value!r}")
+        value = check_states(value)
     elif name == "repetitions":
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {value!r}")

@@ -127,8 +127,9 @@ def simulate_steady(program, values: tuple, windings: int, packed, fields: dict,
     """
     dt, dt_wrap = values[0].detach(), values[1].detach()
     playing_s = float(dt.sum() - dt[0] + dt_wrap[0])
-    slowest = max(float(torch.as_tensor(value).detach().max()) for name, value in fields.items()
-                  if name.endswith("_ms") and name != "t2_prime_ms")
+    times = [torch.as_tensor(value).detach() for name, value in fields.items()
+             if name.endswith("_ms") and name != "t2_prime_ms"]
+    slowest = max((float(t.max()) for t in times if t.numel()), default=0.0)  # no voxels: nothing to wait for
     stride = stride_for(playing_s, slowest)
     modes = None
     if windings == 0:
