@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -999,23 +1000,30 @@ def _check_protocol(protocol: dict, structural, *, finite: bool, host_only: bool
     """ValueError for a protocol value that is NaN (or infinite, when `finite`: an event train's flips and times
     become events), or a time of `POSITIVE_TIMES` <= 0, naming the argument as the caller gave it (with its
     unit) and the first bad index. `host_only` leaves tensors off the CPU to the walk of the layout (a check
-    there would wait for the device)."""
+    there would wait for the device). Numbers are checked in Python, a tensor with two ops and one read."""
     for name, value in protocol.items():
         if name in structural or isinstance(value, (bool, str)) or value is None:
             continue
+        positive = name in POSITIVE_TIMES
         if isinstance(value, torch.Tensor):
             if (host_only and not value.is_cpu) or not (value.is_floating_point() or value.is_complex()):
                 continue
             t = value.detach()
+            if t.is_complex():
+                positive = False
+            if positive:
+                ok = (t > 0) & (t < math.inf)  # False at NaN
+            else:
+                ok = torch.isfinite(t) if finite else ~torch.isnan(t)
+            if bool(ok.all()):
+                continue
+            bad = ~ok
         elif isinstance(value, (int, float)):
-            t = torch.tensor(float(value), dtype=torch.float64)
+            x = float(value)
+            if (x > 0 and x < math.inf) if positive else (math.isfinite(x) if finite else not math.isnan(x)):
+                continue
+            t, bad = torch.tensor(x, dtype=torch.float64), torch.tensor(True)
         else:
-            continue
-        bad = torch.isnan(t) if not finite else ~torch.isfinite(t)
-        positive = name in POSITIVE_TIMES and not t.is_complex()
-        if positive:
-            bad = bad | (t <= 0)
-        if not bool(bad.any()):
             continue
         unit = UNITS.get(name)
         if positive:

@@ -195,9 +195,11 @@ def test_negative_rates_and_times_rejected(sim, values):
 
 
 def test_fraction_sum_names_the_properties_as_given():
-    with pytest.raises(ValueError, match=r"\(bound_fraction \+ poolB_fraction\) share the voxel.*sums to 1.1"):
-        MRFSimulator(flip=[10.0], TR=10.0).simulate(T1=1000.0, T2=80.0, bound_fraction=torch.tensor([0.5, 0.6]),
-                                                    poolB_fraction=0.5)
+    sim = MRFSimulator(flip=[10.0], TR=10.0)
+    with pytest.raises(ValueError, match=r"\(bound_fraction \+ poolB_fraction\) share the voxel.*1\) sums to 1.1"):
+        sim.simulate(T1=1000.0, T2=80.0, bound_fraction=torch.tensor([0.5, 0.6]), poolB_fraction=0.5)
+    with pytest.raises(ValueError, match=r"\(poolB_fraction \+ poolC_fraction\) share the voxel.*sums to 1.2"):
+        sim.simulate(T1=1000.0, T2=80.0, poolB_fraction=0.6, poolC_fraction=0.6)  # numbers: summed in Python
 
 
 def test_states_as_numpy_integer():

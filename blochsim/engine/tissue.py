@@ -98,14 +98,23 @@ def _is_identity(value, identity) -> bool:
     return float(value) == identity
 
 
-def _outside(t: torch.Tensor, accepted: Accepted) -> torch.Tensor:
-    """Where the tensor `t` is not accepted (a bool tensor of its shape)."""
+def _inside(t: torch.Tensor, accepted: Accepted) -> torch.Tensor:
+    """Where the tensor `t` is accepted (a bool tensor of its shape), in two or three ops: a comparison is
+    False at NaN."""
     if t.is_complex():
-        return ~torch.isfinite(t)
-    bad = torch.isnan(t) | (t == -math.inf) if accepted.infinite else ~torch.isfinite(t)
-    if accepted.low is not None:
-        bad = bad | ((t <= accepted.low) if accepted.low_open else (t < accepted.low))
-    return bad if accepted.high is None else bad | (t > accepted.high)
+        return torch.isfinite(t)
+    if accepted.low is None:
+        inside = t > -math.inf if accepted.infinite else torch.isfinite(t)
+    else:
+        inside = t > accepted.low if accepted.low_open else t >= accepted.low
+        if not accepted.infinite:
+            inside = inside & (t < math.inf)
+    return inside if accepted.high is None else inside & (t <= accepted.high)
+
+
+def _outside(t: torch.Tensor, accepted: Accepted) -> torch.Tensor:
+    """Where the tensor `t` is not accepted."""
+    return ~_inside(t, accepted)
 
 
 def _outside_number(x, accepted: Accepted) -> bool:
@@ -147,15 +156,14 @@ def check_values(values: dict, ranges: dict, names: dict | None = None, extra=()
             if _outside_number(value, accepted):
                 raise _range_error(names.get(key, key), value, accepted)
         elif value.numel():
-            checks.append(_outside(value.detach(), accepted).any())
+            checks.append(_inside(value.detach(), accepted).all())
             owners.append(key)
-    checks += list(extra)
-    if not checks:
+    if not checks and not extra:
         return []
-    device = checks[0].device
-    flags = torch.stack([c if c.device == device else c.to(device) for c in checks]).tolist()  # the one sync
-    for key, bad in zip(owners, flags, strict=False):
-        if bad:
+    device = (checks or list(extra))[0].device
+    flags = torch.stack([c if c.device == device else c.to(device) for c in checks + list(extra)]).tolist()  # the sync
+    for key, good in zip(owners, flags, strict=False):
+        if not good:
             raise _range_error(names.get(key, key), values[key], ranges[key])
     return flags[len(owners):]
 
@@ -168,7 +176,8 @@ def check_tissue(fields: dict, names: dict | None = None, extra=()) -> list:
     names = names or {}
     given = [f for f in _FRACTIONS if f in fields and (isinstance(fields[f], torch.Tensor) or fields[f] != 0)]
     total, over = None, []
-    if any(isinstance(fields[f], torch.Tensor) for f in given):
+    maps = any(isinstance(fields[f], torch.Tensor) for f in given)
+    if maps:
         try:
             total = sum(fields[f].detach().to(torch.float64) if isinstance(fields[f], torch.Tensor)
                         else torch.tensor(float(fields[f]), dtype=torch.float64) for f in given)
@@ -178,10 +187,11 @@ def check_tissue(fields: dict, names: dict | None = None, extra=()) -> list:
     flags = check_values(fields, FIELD_RANGES, names, list(extra) + over)
     if over:
         exceeded, flags = flags[-1], flags[:-1]
-    else:
-        total = torch.tensor(sum(float(fields[f]) for f in given), dtype=torch.float64)
-        exceeded = float(total) > 1 + 1e-6
+    else:  # numbers only (or no fractions) are summed in Python; maps that do not broadcast, reported later
+        exceeded = not maps and sum(float(fields[f]) for f in given) > 1 + 1e-6
     if exceeded:
+        if not over:
+            total = torch.tensor(sum(float(fields[f]) for f in given), dtype=torch.float64)
         flat = total.reshape(-1)
         worst = int(flat.argmax())
         raise ValueError(
