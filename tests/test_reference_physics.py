@@ -335,45 +335,61 @@ def test_semisolid_saturation_follows_the_lineshape(lineshape):
 # ---------------------------------------------------------------------------------------------
 
 
-def _populated_orders(dt_us, **geometry):
-    """Pulses and shifts at t = 0 (no interval between them), then one interval of dt_us."""
+#: The shifts the last pulse of _populated_orders makes after itself: their lobes fill the interval after it.
+LAST_SHIFTS = {0: A.NONE, 1: A.SHIFT_AFTER, 2: A.CRUSH_AFTER | A.SHIFT_AFTER}
+
+
+def _populated_orders(dt_us, shifts, **geometry):
+    """Pulses and shifts at t = 0 (no interval between them), the last one making `shifts` shifts after
+    itself, then one interval of dt_us up to a readout: a stretch holding `shifts` lobes, all of them
+    already in the stored orders (0: a stretch without a gradient)."""
     events = [
         pulse(0, 60 * DEG, 0.0, A.SHIFT_AFTER),
         pulse(0, 50 * DEG, 0.3, A.SHIFT_AFTER),
         pulse(0, 70 * DEG, 1.0, A.SHIFT_AFTER),
-        pulse(0, 40 * DEG, 2.0),
-        E.wait(dt_us),
+        pulse(0, 40 * DEG, 2.0, LAST_SHIFTS[shifts]),
+        E.adc(dt_us),
     ]
     return describe(events, dt_us + 1, **geometry)
 
 
-def test_diffusion_attenuates_by_signed_order():
+def _lobe_weights(n: torch.Tensor, shifts: int) -> tuple:
+    """Weigel's diffusion weight and the mean order of a state stored at signed order n over a stretch whose
+    `shifts` lobes were all shifted in before it: its dephasing moves linearly from n - shifts to n."""
+    m = n - shifts
+    return m**2 + m * shifts + shifts**2 / 3, m + shifts / 2
+
+
+@pytest.mark.parametrize("shifts", LAST_SHIFTS)
+def test_diffusion_attenuates_by_signed_order(shifts):
     voxel, crusher, dt_s, d_um2_per_ms = 0.5e-3, 2 * math.pi, 0.05, 3.0
-    desc = _populated_orders(dt_s * 1e6, crusher_dephasing_rad=crusher, voxel_size_m=voxel)
-    still = play(desc, TissueProperties(math.inf, math.inf), states=5)
-    moved = play(desc, TissueProperties(math.inf, math.inf, diffusion_um2_per_ms=d_um2_per_ms), states=5)
+    desc = _populated_orders(dt_s * 1e6, shifts, crusher_dephasing_rad=crusher, voxel_size_m=voxel)
+    still = play(desc, TissueProperties(math.inf, math.inf), states=6)
+    moved = play(desc, TissueProperties(math.inf, math.inf, diffusion_um2_per_ms=d_um2_per_ms), states=6)
     b = d_um2_per_ms * 1e-9 * (crusher / voxel) ** 2 * dt_s
-    k = torch.arange(5, dtype=torch.float64)
-    # F+(k) is signed order n = k, F-(k) is n = -k: weight n^2 + n + 1/3.
-    assert rel_err(moved.fplus[0], still.fplus[0] * torch.exp(-(k**2 + k + 1 / 3) * b)) < REL
-    assert rel_err(moved.fminus[0], still.fminus[0] * torch.exp(-(k**2 - k + 1 / 3) * b)) < REL
+    k = torch.arange(6, dtype=torch.float64)
+    # F+(k) is signed order n = k, F-(k) is n = -k (no lobe: n^2; one lobe shifted in: n^2 - n + 1/3).
+    assert rel_err(moved.fplus[0], still.fplus[0] * torch.exp(-_lobe_weights(k, shifts)[0] * b)) < REL
+    assert rel_err(moved.fminus[0], still.fminus[0] * torch.exp(-_lobe_weights(-k, shifts)[0] * b)) < REL
     assert rel_err(moved.z[0], still.z[0] * torch.exp(-(k**2) * b)) < REL
-    assert float(still.fplus[0, 3].abs()) > 0.05 and float(still.fminus[0, 3].abs()) > 0.05  # orders populated
+    # Orders populated (each shift after the last pulse moves F- down an order).
+    assert float(still.fplus[0, 3].abs()) > 0.05 and float(still.fminus[0, 3 - shifts].abs()) > 0.05
 
 
-def test_flow_phase_and_washout():
+@pytest.mark.parametrize("shifts", LAST_SHIFTS)
+def test_flow_phase_and_washout(shifts):
     voxel, crusher, dt_s, v = 2e-3, math.pi, 0.004, 0.1
-    desc = _populated_orders(dt_s * 1e6, crusher_dephasing_rad=crusher, voxel_size_m=voxel)
-    still = play(desc, TissueProperties(math.inf, math.inf), states=5)
-    moved = play(desc, TissueProperties(math.inf, math.inf, velocity_m_per_s=v), states=5)
+    desc = _populated_orders(dt_s * 1e6, shifts, crusher_dephasing_rad=crusher, voxel_size_m=voxel)
+    still = play(desc, TissueProperties(math.inf, math.inf), states=6)
+    moved = play(desc, TissueProperties(math.inf, math.inf, velocity_m_per_s=v), states=6)
     phase = crusher / voxel * v * dt_s
     w = 1 - min(abs(v) * dt_s / voxel, 1.0)  # 0.8
-    k = torch.arange(5, dtype=torch.float64)
-    # F_n turns by exp(-i (n + 1/2) phase); F-(k) = conj(F_-k) gets exp(-i (k - 1/2) phase).
-    assert rel_err(moved.fplus[0], w * still.fplus[0] * torch.exp(-1j * (k + 0.5) * phase)) < REL
-    assert rel_err(moved.fminus[0], w * still.fminus[0] * torch.exp(-1j * (k - 0.5) * phase)) < REL
+    k = torch.arange(6, dtype=torch.float64)
+    # F_n turns by exp(-i f phase), f its mean order over the stretch; F-(k) = conj(F_-k) by the conjugate.
+    assert rel_err(moved.fplus[0], w * still.fplus[0] * torch.exp(-1j * _lobe_weights(k, shifts)[1] * phase)) < REL
+    assert rel_err(moved.fminus[0], w * still.fminus[0] * torch.exp(1j * _lobe_weights(-k, shifts)[1] * phase)) < REL
     z = w * still.z[0] * torch.exp(-1j * k * phase)
-    z = z + torch.tensor([1 - w, 0, 0, 0, 0], dtype=torch.complex128)  # inflow at equilibrium
+    z = z + torch.tensor([1 - w, 0, 0, 0, 0, 0], dtype=torch.complex128)  # inflow at equilibrium
     assert rel_err(moved.z[0], z) < REL
 
 

@@ -22,6 +22,30 @@ summed into samples. The semisolid pool is longitudinal only. Equilibrium: Z(0)
 of pool p is its fraction f_p, with f_free = 1 - (sum of all other fractions).
 The initial state is equilibrium at the start of the first repetition (t = 0).
 
+Gradient lobes
+--------------
+Gradients are not events: each shift is the lobe of one unit of dephasing Δk,
+played at constant amplitude over a span of time. A WAIT without an action
+only marks time (the engine drops it when it compiles), so spans run between
+the other events, the "bounds" (pulses, readouts, WAITs that shift or spoil):
+across the repetition's end on later repetitions, from t = 0 to the first
+bound on the first. A CRUSH_AFTER or SHIFT_AFTER shift's lobe fills the span
+after its event, a CRUSH_BEFORE shift's the span before it; a span that no
+shift faces carries no gradient, and one of length 0 plays its lobes at once.
+A lobe shorter than the time between two pulses is a span of its own, the
+shifting WAIT at one end and another bound at the other: after a readout,
+`Delay(d) @ Delay(0, action=CRUSH_BEFORE)` is a lobe of length d, and
+`Dephase() @ Delay(d)` a lobe up to the next bound.
+A span with L lobes, `behind` of them made by the bound that opens it (the
+SHIFT_AFTER of a spoiling event is not made; its CRUSH_AFTER is, on states the
+spoiler then clears), takes a state stored at signed order n from order
+n - behind at its start to n - behind + L at its end, linearly in time
+(Weigel 2015: the dephasing moves while a gradient is on and stands while
+none is). An interval (the Δt between two consecutive events) that starts s
+into a span of length T then moves it from μ = n - behind + L·s/T to μ + u,
+u = L·Δt/T; an interval that is its whole span, or lies in one of length 0,
+from μ = n - behind to μ + L.
+
 Events
 ------
 Events play in description order, the repetition `repetitions` times. Δt is the
@@ -48,13 +72,19 @@ tr_duration_us - (last timestamp) + (first timestamp). Each event does, in order
    b. Diffusion, if the crusher geometry exists (crusher_dephasing_rad != 0 and
       voxel_size_m given): Δk = crusher_dephasing_rad/voxel_size_m (rad/m),
       b = D·1e-9·Δk²·Δt (D in um²/ms). Z(k) *= exp(-k²b); a transverse state of
-      signed order n (n = k for F+(k), n = -k for F-(k)) *= exp(-(n²+n+1/3)b).
-   c. Flow, same geometry, velocity v (m/s): F_n turns by exp(-i(n+1/2)Δk·v·Δt)
-      (F-(k) gets the conjugate of the factor for n = -k), Z(k) by
-      exp(-i·k·Δk·v·Δt).
+      signed order n (n = k for F+(k), n = -k for F-(k)), taken from μ to μ + u
+      (Gradient lobes), *= exp(-(μ² + μu + u²/3)b): Weigel's b of a dephasing
+      that moves linearly from μ to μ + u (n²+n+1/3 for one lobe over a state
+      stored at n, n² with no lobe).
+   c. Flow, same geometry, velocity v (m/s): F_n turns by exp(-i(μ + u/2)Δk·v·Δt),
+      its mean order times the distance moved (F-(k) gets the conjugate of the
+      factor for n = -k), Z(k) by exp(-i·k·Δk·v·Δt).
    d. Washout, if voxel_size_m is given and v is nonzero (a tensor counts as
-      nonzero): every state *= w = 1 - min(|v|Δt/voxel_size_m, 1), and
-      (1 - w)·f_p is added to Z(0) of each pool p.
+      nonzero): every state *= w, and (1 - w)·f_p is added to Z(0) of each pool
+      p, with W(t) = 1 - min(|v|t/voxel_size_m, 1) over the span: w =
+      W(s + Δt)/W(s) (0 once W(s) is 0), so that the intervals of a span
+      wash out as the span does at once, W(T) (an interval that is its
+      whole span or lies in one of length 0: w = W(Δt)).
 2. CRUSH_BEFORE: shift.
 3. RF. Use INVERSION: Z(k) of every water-like pool *= -inversion_efficiency
    (transverse states untouched, no saturation). Otherwise
@@ -80,7 +110,8 @@ Shift: F+(k) -> F+(k+1) (F+(K-1) is lost), F-(k) -> F-(k-1) (F-(K-1) becomes
 0), then the new F+(0) = conj(new F-(0)); Z unchanged.
 
 The final states returned are those after the last event of the last
-repetition (no evolution to the end of the repetition).
+repetition (no evolution to the end of the repetition; a last WAIT inside a
+span leaves its lobes part played).
 
 T2'
 ---
@@ -116,7 +147,7 @@ from typing import Any
 import torch
 
 from .._arrays import broadcast_shapes, differentiated
-from ..sequence.events import AdcRole, EventAction, EventType, RfUse
+from ..sequence.events import USER_ACTIONS, AdcRole, EventAction, EventType, RfUse
 from ..sequence.tissue import POOL_LETTERS, TissueProperties
 from .lineshape import LINESHAPES, absorption_lineshape
 
@@ -385,7 +416,68 @@ def _expm(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def _interval(dt_s: torch.Tensor, pools: _Pools, values: dict, geometry: dict, states: int) -> _Interval:
+@dataclass(frozen=True)
+class _Span:
+    """Where an interval lies in its span (Gradient lobes in the module docstring).
+
+    behind: the shifts of the bound that opens the span (none for the one from t = 0); lobes: those and
+    the CRUSH_BEFORE of the bound that closes it. elapsed_s, length_s: float64 tensors, the span's
+    time before the interval and its whole length; None when the interval is the whole span. from_start:
+    the span opens at t = 0 (first repetition only; on later ones it opens in the repetition before).
+    """
+
+    behind: int
+    lobes: int
+    elapsed_s: torch.Tensor | None = None
+    length_s: torch.Tensor | None = None
+    from_start: bool = False
+
+
+def _plain(event) -> bool:
+    """A WAIT without an action: it only marks time."""
+    return event.type == EventType.WAIT and not int(event.action) & int(USER_ACTIONS)
+
+
+def _shifts_after(event) -> int:
+    bits = int(event.action)
+    return bool(bits & EventAction.CRUSH_AFTER) + bool(
+        bits & EventAction.SHIFT_AFTER and not bits & EventAction.SPOIL_AFTER)
+
+
+def _spans(events, dts: list, later_dts: list, *, first: bool) -> list[_Span]:
+    """The _Span of each event's interval on the first repetition (`first`) or on a later one. `dts`: the
+    intervals of that repetition; `later_dts`: those of a later one, for the parts of a span that lie in the
+    repetition after it (or, on a later repetition, in the one before)."""
+    n = len(events)
+    plain = [_plain(e) for e in events]
+    if all(plain):  # nothing shifts: no lobes, and every interval washes out alone
+        return [_Span(0, 0)] * n
+
+    def dt_at(u: int) -> torch.Tensor:  # the interval before event u, counted from this repetition's first
+        return dts[u] if 0 <= u < n else later_dts[u % n]
+
+    spans = []
+    for i in range(n):
+        opens = i - 1  # the bound before event i's interval; -1 on the first repetition: t = 0
+        while (opens >= 0 or not first) and plain[opens % n]:
+            opens -= 1
+        closes = i
+        while plain[closes % n]:
+            closes += 1
+        from_start = first and opens < 0
+        behind = 0 if from_start else _shifts_after(events[opens % n])
+        lobes = behind + bool(int(events[closes % n].action) & EventAction.CRUSH_BEFORE)
+        if opens == i - 1 and closes == i:
+            spans.append(_Span(behind, lobes, from_start=from_start))
+            continue
+        pieces = [dt_at(u) for u in range(opens + 1, closes + 1)]
+        zero = torch.zeros((), dtype=REAL)
+        spans.append(_Span(behind, lobes, sum(pieces[: i - opens - 1], zero), sum(pieces, zero), from_start))
+    return spans
+
+
+def _interval(dt_s: torch.Tensor, span: _Span, pools: _Pools, values: dict, geometry: dict,
+              states: int) -> _Interval:
     count, water = pools.count, pools.water
     exchange = _exchange_matrix(pools.fraction, pools.exchange_hz)
 
@@ -410,18 +502,36 @@ def _interval(dt_s: torch.Tensor, pools: _Pools, values: dict, geometry: dict, s
 
     fplus_factor = fminus_factor = z_factor = washout_recovery = None
     order = torch.arange(states, dtype=REAL)
+    whole = span.length_s is None or float(span.length_s.detach()) == 0.0
     if geometry["crusher"]:
         dk = geometry["dk_rad_per_m"]
         b = (values["diffusion_um2_per_ms"] * 1e-9 * dk**2 * dt_s)[..., None, None]
         phase = (dk * values["velocity_m_per_s"] * dt_s)[..., None, None]  # rad per unit order
-        # Diffusion by signed order n: F+(k) has n = k, F-(k) has n = -k.
-        fplus_factor = torch.exp(-(order**2 + order + 1.0 / 3.0) * b) * torch.exp(-1j * (order + 0.5) * phase)
-        # F-(k) = conj(F_{-k}): conj(exp(-i(-k+1/2)·phase)) = exp(-i(k-1/2)·phase).
-        fminus_factor = torch.exp(-(order**2 - order + 1.0 / 3.0) * b) * torch.exp(-1j * (order - 0.5) * phase)
+        # The dephasing over the interval, from stored order n: n + start to n + start + winding.
+        if whole:
+            start, winding = float(-span.behind), float(span.lobes)
+        else:
+            start = span.lobes * span.elapsed_s / span.length_s - span.behind
+            winding = span.lobes * dt_s / span.length_s
+
+        def weighed(n):  # Weigel's diffusion weight and the mean order of signed order n
+            m = n + start
+            return m**2 + m * winding + winding**2 / 3.0, m + winding / 2.0
+
+        # F+(k) has signed order n = k; F-(k) = conj(F_{-k}) takes the conjugate of order -k's factor.
+        c_plus, f_plus = weighed(order)
+        c_minus, f_minus = weighed(-order)
+        fplus_factor = torch.exp(-c_plus * b) * torch.exp(-1j * f_plus * phase)
+        fminus_factor = torch.exp(-c_minus * b) * torch.exp(1j * f_minus * phase)
         z_factor = torch.exp(-(order**2) * b) * torch.exp(-1j * order * phase)
     if geometry["washout"]:
-        v = values["velocity_m_per_s"]
-        w = 1.0 - torch.clamp(torch.abs(v) * dt_s / geometry["voxel_size_m"], max=1.0)
+        speed = torch.abs(values["velocity_m_per_s"]) / geometry["voxel_size_m"]  # voxels per s
+        if whole:
+            w = 1.0 - torch.clamp(speed * dt_s, max=1.0)
+        else:  # the span's washout, W(s + Δt) / W(s)
+            left = 1.0 - torch.clamp(speed * span.elapsed_s, max=1.0)
+            after = 1.0 - torch.clamp(speed * (span.elapsed_s + dt_s), max=1.0)
+            w = torch.where(left > 0, after / torch.where(left > 0, left, 1.0), 0.0)
         w3 = w[..., None, None].to(COMPLEX)
         fplus_factor = w3 if fplus_factor is None else fplus_factor * w3
         fminus_factor = w3 if fminus_factor is None else fminus_factor * w3
@@ -615,13 +725,20 @@ def play(
     first_dts = [times_s[0]] + [times_s[i] - times_s[i - 1] for i in range(1, len(events))] if events else []
     wrap_dt = _f64(description.tr_duration_us) * 1e-6 - times_s[-1] + times_s[0] if events else None
 
-    def interval(dt_s: torch.Tensor) -> _Interval | None:
+    def interval(dt_s: torch.Tensor, span: _Span) -> _Interval | None:
         if not differentiated(dt_s) and float(dt_s) == 0.0:
             return None
-        return _interval(dt_s, pools, values, geometry, states)
+        return _interval(dt_s, span, pools, values, geometry, states)
 
-    intervals = [interval(dt) for dt in first_dts]  # first repetition
-    wrap_interval = interval(wrap_dt) if events else None  # first event of later repetitions
+    later_dts = [wrap_dt] + first_dts[1:]
+    first_spans = _spans(events, first_dts, later_dts, first=True)
+    later_spans = _spans(events, later_dts, later_dts, first=False)
+    intervals = [interval(dt, span) for dt, span in zip(first_dts, first_spans, strict=True)]  # first repetition
+    # Later repetitions: event 0's interval is the wrap, and a span may cross the repetition's start.
+    later_intervals = [
+        step if i > 0 and not first_spans[i].from_start else interval(later_dts[i], later_spans[i])
+        for i, step in enumerate(intervals)
+    ]
     pulses = {
         i: _pulse(e, description, pools, values, lineshape) for i, e in enumerate(events) if e.type == EventType.RF
     }
@@ -633,7 +750,7 @@ def play(
     for repetition in range(repetitions):
         last = repetition == repetitions - 1
         for i, event in enumerate(events):
-            step = wrap_interval if (i == 0 and repetition > 0) else intervals[i]
+            step = later_intervals[i] if repetition > 0 else intervals[i]
             if step is not None:
                 state = step.apply(state)
             t_s = repetition * playing_s + times_s[i]

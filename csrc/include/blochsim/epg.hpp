@@ -131,6 +131,33 @@ struct VoxelGrad {
 template <class N>
 struct Rotation;
 
+// ---- gradient lobes -------------------------------------------------------------------------------------
+// Each shift is the lobe of one unit of dephasing dk, played at constant amplitude over the whole interval it
+// faces: a CRUSH_AFTER or SHIFT_AFTER shift over the interval after its event, a CRUSH_BEFORE shift over the
+// one before it (the oracle's module docstring, "Gradient lobes"; WAITs without an action are dropped at
+// compile time, so an interval runs between two events that touch the states). An interval's `count` lobes
+// include the `behind` shifts the event before it made, already in the stored orders: a state stored at
+// signed order n is at order n - behind when the interval starts and n - behind + count when it ends.
+struct Lobes {
+  int8_t behind = 0, count = 0;  // the default: an interval without a gradient
+};
+
+// The lobes of event e's interval on repetition rep: the shifts after the event before it (on later
+// repetitions, event 0's comes after the last event; on the first, nothing comes before event 0) and the
+// event's own CRUSH_BEFORE. After a spoiler the transverse states are 0 and its shifts weigh nothing; they are
+// counted as the oracle counts them (its CRUSH_AFTER, not its SHIFT_AFTER).
+template <class R>
+BS_HD Lobes interval_lobes(const Problem<R>& pb, int64_t rep, int64_t e) {
+  Lobes lobes;
+  if (e > 0 || rep > 0) {
+    const int32_t before = pb.action[e > 0 ? e - 1 : pb.E - 1];
+    lobes.behind = int8_t((before & BS_CRUSH_AFTER ? 1 : 0) +
+                          ((before & BS_SHIFT_AFTER) && !(before & BS_SPOIL_AFTER) ? 1 : 0));
+  }
+  lobes.count = int8_t(lobes.behind + (pb.action[e] & BS_CRUSH_BEFORE ? 1 : 0));
+  return lobes;
+}
+
 // Event values of event e of repetition rep (global event i = rep * E + e). `rotation` and `turn`, where
 // set, hold what every voxel would compute alike: the RF rotation (B1 uniform over the voxels) and the ADC's
 // demodulation cis(-phase) (the device's block-decoded events, epg_device.cuh); null: each voxel computes
@@ -139,6 +166,7 @@ template <class N>
 struct EventValues {
   int32_t action, record;
   bool last_rep, wrap;
+  Lobes lobes;  // of the interval ahead of the event; read only where diffusion or flow acts
   int64_t e;
   N dt, flip, phase;
   const Rotation<N>* rotation = nullptr;
@@ -156,6 +184,7 @@ BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t rep, int64_t e) {
   ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : fetch<N>(pb.dt, ev.e);
   ev.flip = fetch<N>(pb.flip, ev.e);
   ev.phase = fetch<N>(pb.phase, ev.e);
+  if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
   return ev;
 }
 template <class N, class R>
@@ -232,10 +261,12 @@ BS_HD void spoil(Planes<S> x, int64_t K) {
 
 // ---- interval: relaxation with recovery into Z(0), precession, diffusion, flow, washout ----------------
 // Factor of a state of signed order n (transverse) or order k (longitudinal) over dt, washout aside:
-//   F_n: exp(-r2 dt - i 2 pi b0 dt - (n^2 + n + 1/3) Dk dt - i (n + 1/2) dk v dt)   (Weigel 2015)
+//   F_n: exp(-r2 dt - i 2 pi b0 dt - c_n Dk dt - i f_n dk v dt)   (Weigel 2015)
 //   Z_k: exp(-r1 dt - k^2 Dk dt - i k dk v dt),  Dk = D * 1e-9 * dk^2 (D in um^2/ms -> m^2/s)
-// F-(k) = conj(F_{-k}) takes the conjugate of F_{-k}'s factor. Washout multiplies everything by
-// w = 1 - min(|v| dt / L, 1) and brings in fresh equilibrium: Z(0) -> a_Z0 (Z(0) - 1) + 1.
+// with c_n and f_n the interval's weights of order n (diffusion_weight, flow_weight: n^2 + n + 1/3 and
+// n + 1/2 for a lobe played while the state is stored at n, n^2 and n without a lobe). F-(k) = conj(F_{-k})
+// takes the conjugate of F_{-k}'s factor. Washout multiplies everything by w = 1 - min(|v| dt / L, 1) and
+// brings in fresh equilibrium: Z(0) -> a_Z0 (Z(0) - 1) + 1.
 template <class N>
 struct Interval {
   N dt = N(0), E1 = N(1), E2 = N(1), w = N(1), dw_ddt = N(0), dw_dv = N(0);
@@ -244,7 +275,21 @@ struct Interval {
   N phv = N(0);    // dk v dt: flow phase per order
   double dk = 0, dk2 = 0;
   bool diffusion = false, flow = false, washout = false, offres = false, tabulated = false;
+  Lobes lobes;     // the gradient lobes played over the interval
 };
+
+// Weigel's weights of a state stored at signed order n over an interval with `lobes`: its dephasing moves
+// linearly from m = n - behind to m + count, so diffusion weighs the mean of (m + count s)^2 over s in [0, 1],
+// m^2 + m count + count^2 / 3, and flow turns by the mean order, m + count / 2.
+template <class R>
+BS_HD R diffusion_weight(R n, const Lobes& lobes) {
+  const R m = n - R(lobes.behind), count = R(lobes.count);
+  return m * m + m * count + count * count / R(3);
+}
+template <class R>
+BS_HD R flow_weight(R n, const Lobes& lobes) {
+  return n - R(lobes.behind) + R(lobes.count) * R(0.5);
+}
 
 // With `tabulated`, relaxation and precession come from the tables: only diffusion, flow and washout remain.
 template <class N, class R>
@@ -280,24 +325,31 @@ BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const N
   }
   return c;
 }
+// The interval ahead of event `ev`, with its lobes.
+template <class N, class R>
+BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev) {
+  Interval<N> c = make_interval(pb, t, ev.dt, pb.offres);
+  c.lobes = ev.lobes;
+  return c;
+}
 
-// Factors (washout excluded) of order k for the three planes, on either path.
+// Factors (washout excluded) of order k for the three planes, on either path: F+(k) has signed order k,
+// F-(k) = conj(F_{-k}) the conjugate of order -k's factor.
 template <class N>
 BS_HD void order_factors(const Interval<N>& c, int64_t k, Cx<N>& ap, Cx<N>& am, Cx<N>& az) {
   using R = typename Num<N>::Real;
   ap = c.rot * c.E2;
   am = conj(c.rot) * c.E2;
   az = Cx<N>(c.E1);
+  const R kk = R(k);
   if (c.diffusion) {
-    const R kk = R(k);
-    ap = ap * exp(-(c.Dk * c.dt * (kk * kk + kk + R(1) / R(3))));
-    am = am * exp(-(c.Dk * c.dt * (kk * kk - kk + R(1) / R(3))));
+    ap = ap * exp(-(c.Dk * c.dt * diffusion_weight(kk, c.lobes)));
+    am = am * exp(-(c.Dk * c.dt * diffusion_weight(-kk, c.lobes)));
     az = az * exp(-(c.Dk * c.dt * (kk * kk)));
   }
   if (c.flow) {
-    const R kk = R(k);
-    ap = ap * cis(-(c.phv * (kk + R(0.5))));
-    am = am * cis(c.phv * (R(0.5) - kk));
+    ap = ap * cis(-(c.phv * flow_weight(kk, c.lobes)));
+    am = am * cis(c.phv * flow_weight(-kk, c.lobes));
     az = az * cis(-(c.phv * kk));
   }
 }
@@ -359,7 +411,7 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
 }
 
 // Sums over orders (and pools) of q = conj(lambda') * a_nowash * x, plain and weighted by the order terms
-// of diffusion (c_n) and flow (n + 1/2): the interval's parameter gradients are linear in them.
+// of diffusion (c_n) and flow (f_n): the interval's parameter gradients are linear in them.
 template <class N>
 struct IntervalSums {
   Cx<N> QP, QM, QZ, QPc, QMc, QZc, QPf, QMf, QZf;
@@ -440,14 +492,14 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     QZ += qz;
     if (c.diffusion) {
       const R kk = R(k + k0);
-      QPc += qp * N(kk * kk + kk + R(1) / R(3));
-      QMc += qm * N(kk * kk - kk + R(1) / R(3));
+      QPc += qp * N(diffusion_weight(kk, c.lobes));
+      QMc += qm * N(diffusion_weight(-kk, c.lobes));
       QZc += qz * N(kk * kk);
     }
     if (c.flow) {
       const R kk = R(k + k0);
-      QPf += qp * N(kk + R(0.5));
-      QMf += qm * N(R(0.5) - kk);
+      QPf += qp * N(flow_weight(kk, c.lobes));
+      QMf += qm * N(flow_weight(-kk, c.lobes));
       QZf += qz * N(kk);
     }
     l.p[k] = factor_adjoint(l.p[k], ap * c.w);

@@ -147,7 +147,7 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     defer->pending = 0;
   }
   if (ev.action & BS_INTERVAL) {
-    const Interval<N> iv = make_interval(pb, t, ev.dt, pb.offres);
+    const Interval<N> iv = make_interval(pb, t, ev);
     if (pb.tabulated) {
       relax_tables(pb, v, interval_row(pb, ev), iv, x, keep);
     } else if (defer && before == 1) {  // the shift's moves become the products' operands
@@ -290,7 +290,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
   if (!from_products) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
-    iv = make_interval(pb, t, ev.dt, pb.offres);
+    iv = make_interval(pb, t, ev);
     if (pb.tabulated)
       relax_from_products(pb, v, iv, kept, tmp);
     else

@@ -262,12 +262,12 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
       q.QP += qp;
       q.QM += qm;
       if (c.diffusion) {
-        q.QPc += qp * N(kk * kk + kk + RR(1) / RR(3));
-        q.QMc += qm * N(kk * kk - kk + RR(1) / RR(3));
+        q.QPc += qp * N(diffusion_weight(kk, c.lobes));
+        q.QMc += qm * N(diffusion_weight(-kk, c.lobes));
       }
       if (c.flow) {
-        q.QPf += qp * N(kk + RR(0.5));
-        q.QMf += qm * N(RR(0.5) - kk);
+        q.QPf += qp * N(flow_weight(kk, c.lobes));
+        q.QMf += qm * N(flow_weight(-kk, c.lobes));
       }
     }
     if (tg.wanted)
