@@ -2,6 +2,7 @@
 
 from . import model, sequence, simulators
 from ._errors import CudaBuildMismatch
+from ._execution import execution, offload
 from ._version import __version__
 from .model import Simulator
 from .sequence import (
@@ -60,6 +61,8 @@ __all__ = [
     "model",
     "Simulator",
     "CudaBuildMismatch",
+    "execution",
+    "offload",
     "Operator",
     "Excitation",
     "Refocusing",

@@ -31,6 +31,7 @@ import torch.autograd.forward_ad as fwAD
 from . import _native as nat
 from ._arrays import as_number, first_library, library_of, reverse_jvps, to_library, to_tensor
 from ._errors import check_device, missing_property, nearest, unknown_name
+from ._execution import applied, as_policy
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
 from .engine.program import TrainAxisError, check_shims, check_states
@@ -700,12 +701,9 @@ class Simulator:
 
     def _check_run(self, settings: dict) -> None:
         check_device(settings.get("device"))
-        execution = self._setting(settings, "execution")
-        if execution is not None and execution not in ("auto", "cpu"):
-            targets = execution if isinstance(execution, (list, tuple)) else (execution,)
-            for target in targets:
-                if isinstance(target, (str, torch.device)):
-                    check_device(target)
+        policy = as_policy(self._setting(settings, "execution"))
+        if policy is not None and policy.target not in ("auto", "cpu"):
+            check_device(policy.target[0])
         shims = settings.get("shims")
         if shims and any(int(k) != 0 for k in shims):
             raise NotImplementedError(f"shims={sorted(shims)}: static parallel-transmit shims (ids > 0) are not "
@@ -715,28 +713,26 @@ class Simulator:
                                       "integration is not built into the engine yet; leave across_slice=None")
 
     def _placement(self, settings: dict, fields: dict) -> tuple:
-        """(device the work runs on, device the results return to), API.md 1.3 and 9.
+        """(device the tissue is packed on, device the results return to), API.md 1.3 and 9.
 
-        Work runs where the tissue tensors are, unless `device=` or an execution target says otherwise;
-        results return to the tissue tensors' device (to the work's device if there are none).
+        The tissue tensors' device, unless `device=` says otherwise; results return to the tissue tensors'
+        device (to `device=` if there are none). An execution policy moves no tissue here: the kernel layer
+        runs each chunk where the policy says, staging its inputs there and its results back.
         """
         home = None
         for value in fields.values():  # any tensor off the CPU decides; scalars became CPU tensors
             if isinstance(value, torch.Tensor) and (home is None or value.device.type != "cpu"):
                 home = value.device
         target = settings.get("device")
-        if target is None:
-            execution = self._setting(settings, "execution")
-            if execution == "cpu":
-                target = "cpu"
-            elif isinstance(execution, (str, torch.device)) and execution != "auto":
-                target = execution
-            elif isinstance(execution, (list, tuple)) and execution:
-                target = execution[0]
         device = torch.device(target) if target is not None else (home or torch.device("cpu"))
         return device, home or device
 
     def _engine(self, properties: Mapping, protocol: dict, settings: dict):
+        """Run the engine under the call's execution policy (its `execution=` setting, else the active one)."""
+        with applied(as_policy(self._setting(settings, "execution"))):
+            return self._run_engine(properties, protocol, settings)
+
+    def _run_engine(self, properties: Mapping, protocol: dict, settings: dict):
         """Run the engine: the signal, or under a jacobian() request, the request's output."""
         request = _JACOBIAN.get()
         if request is not None and request.owner is not self:
@@ -1052,6 +1048,8 @@ def _check_setting(name: str, value):
                              f"results), got {value!r}")
     elif name == "device":
         check_device(value)
+    elif name == "execution":
+        value = as_policy(value)
     elif name == "pulse":
         if not isinstance(value, RfDefinition):
             raise TypeError(f"pulse must be an RfDefinition (it replaces definition id 0), got {value!r}")

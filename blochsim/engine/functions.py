@@ -8,6 +8,8 @@
 | (backwards)    | VJP-JVP               | the backward of a gradient (HVP) or of a Jacobian          |
 
 A third derivative raises RuntimeError: the second-order results come out of `_NoThirdOrder`.
+Each Function keeps the execution policy active when it ran (`blochsim._execution`), and its backward runs
+under it: a `backward()` outside the `execution(...)` block of its forward is placed and chunked alike.
 Each Function has a separate `setup_context` (which torch.func needs) and a `vmap` rule, a loop over the
 batch (`engine.vmap`; `_NoThirdOrder` only clones, so torch.func generates its rule).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _execution
 from .._arrays import transformed
 from . import kernels as K
 from .vmap import holds_batch, vmap_rule
@@ -83,6 +86,7 @@ class EpgSimulate(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.static = inputs[0]
+        ctx.policy = _execution.active()
         ctx.save_for_backward(*inputs[1:])
         ctx.save_for_forward(*inputs[1:])
 
@@ -90,7 +94,8 @@ class EpgSimulate(torch.autograd.Function):
     def backward(ctx, grad_signal):
         inputs = ctx.saved_tensors
         wanted = list(ctx.needs_input_grad[1:])
-        grads = EpgVjp.apply(ctx.static, wanted, grad_signal, *inputs)
+        with _execution.applied(ctx.policy):
+            grads = EpgVjp.apply(ctx.static, wanted, grad_signal, *inputs)
         grads = iter(grads)
         return (None, *[next(grads) if w else None for w in wanted])
 
@@ -122,6 +127,7 @@ class EpgVjp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.static, ctx.wanted = inputs[0], inputs[1]
+        ctx.policy = _execution.active()
         ctx.save_for_backward(*inputs[2:])
 
     @staticmethod
@@ -134,7 +140,9 @@ class EpgVjp(torch.autograd.Function):
             u = next(it) if w else None
             tangents.append(_as_tangent(u, x))
         wanted = list(ctx.needs_input_grad[3:])
-        _, second, signal_tangent = K.vjp_jvp(ctx.static, inputs, tangents, cotangent, None, wanted)
+        with _execution.applied(ctx.policy):
+            _, second, signal_tangent = K.vjp_jvp(ctx.static, inputs, tangents, cotangent, None, wanted,
+                                                  signal_tangent=ctx.needs_input_grad[2])
         second = [None if g is None else g.reshape(x.shape) for g, x in zip(second, inputs, strict=True)]
         grad_cot = signal_tangent if ctx.needs_input_grad[2] else None
         routed = _second_order([grad_cot, *second], [cotangent, *inputs])
@@ -161,6 +169,7 @@ class EpgJacobian(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.static, ctx.n = inputs[0], inputs[1]
+        ctx.policy = _execution.active()
         ctx.save_for_backward(*inputs[2:])
 
     @staticmethod
@@ -173,14 +182,17 @@ class EpgJacobian(torch.autograd.Function):
         total = [None] * n
         grad_tangents = [None] * n
         if grad_jac is None:
-            total = K.vjp(st, inputs, grad_signal, want_in)
+            with _execution.applied(ctx.policy):
+                total = K.vjp(st, inputs, grad_signal, want_in)
         else:
             P = grad_jac.shape[0]
             wanted = [a or b for a, b in zip(want_in, want_tan, strict=True)]
             for p in range(P):
                 direction = [None if t is None else t[p : p + 1] for t in tangents]
-                seed_t = grad_signal if (p == 0 and grad_signal is not None) else torch.zeros_like(grad_jac[p])
-                first, second, _ = K.vjp_jvp(st, inputs, direction, grad_jac[p], seed_t, wanted)
+                seed_t = grad_signal if p == 0 else None  # None: a zero cotangent tangent
+                with _execution.applied(ctx.policy):
+                    first, second, _ = K.vjp_jvp(st, inputs, direction, grad_jac[p], seed_t, wanted,
+                                                 signal_tangent=False)
                 for i in range(n):
                     if want_in[i] and second[i] is not None:
                         total[i] = second[i] if total[i] is None else total[i] + second[i]

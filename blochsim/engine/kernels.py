@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import torch
 
 from .. import _native as nat
+from . import chunks
 from .program import plain
 
 __all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS", "TABLE_START"]
@@ -147,26 +149,53 @@ def _tangents(st: Static, tangents, width: int, keep: list) -> tuple[nat.Tangent
     return t, _tables(tangents[TABLE_START:], keep, lead=1)
 
 
-def _grads(st: Static, inputs, wanted, width: int = 0):
-    """Allocate gradient outputs for the inputs flagged in `wanted` (per voxel for tissue and tables)."""
-    E, V = st.num_events, st.num_voxels
-    lead = (width,) if width else ()
+def _grad_outputs(st: Static, inputs, wanted) -> list:
+    """Per-voxel gradient outputs, zeroed on the inputs' device, for the tissue and table inputs flagged in
+    `wanted` ([V] per tissue input, [V, *table] per table as the kernel reads it); None elsewhere. The
+    event inputs' gradients are summed over voxels: each chunk writes its own (`Chunk.summed`)."""
+    V = st.num_voxels
+    out = [None] * NUM_EVENT_INPUTS
+    for x, w in zip(inputs[NUM_EVENT_INPUTS:], wanted[NUM_EVENT_INPUTS:], strict=True):
+        if not w or x is None:
+            out.append(None)
+        elif len(out) < TABLE_START:
+            out.append(torch.zeros((V,), dtype=st.dtype, device=st.device))
+        else:  # a table: per voxel, real view
+            out.append(torch.zeros((V,) + tuple(_real_view(x).shape[1:]), dtype=st.dtype, device=st.device))
+    return out
+
+
+def _grad_structs(st: Static, piece: chunks.Chunk, inputs, wanted, full: list, first: int):
+    """(Grads, TableGrads, per-chunk outputs) of a chunk: the event gradients in summed buffers (totals
+    `first` to `first + 3`), per-voxel gradients in the chunk's part of `full`."""
+    E = st.num_events
     out = []
     for i, (x, w) in enumerate(zip(inputs, wanted, strict=True)):
         if not w or x is None:
             out.append(None)
         elif i < NUM_EVENT_INPUTS:
-            out.append(torch.zeros(lead + (1 if i == 1 else E,), dtype=st.dtype, device=st.device))
-        elif i < TABLE_START:
-            out.append(torch.zeros(lead + (V,), dtype=st.dtype, device=st.device))
-        else:  # a table: per voxel, real view
-            shape = _real_view(x).shape[1:]
-            out.append(torch.zeros(lead + (V,) + tuple(shape), dtype=st.dtype, device=st.device))
+            out.append(piece.summed(first + i, (1 if i == 1 else E,), st.dtype))
+        else:
+            out.append(piece.out(full[i]))
     g = nat.Grads(*(_ptr(x) for x in out[:NUM_EVENT_INPUTS]))
     for j, x in enumerate(out[NUM_EVENT_INPUTS:TABLE_START]):
         g.tissue[j] = _ptr(x)
-    tg = nat.TableGrads(*(_ptr(x) for x in out[TABLE_START:]))
-    return g, tg, out
+    return g, nat.TableGrads(*(_ptr(x) for x in out[TABLE_START:]))
+
+
+def _collect(runner: chunks.Runner, st: Static, inputs, wanted, full: list, first: int) -> list:
+    """Gradients of every input (None where not wanted): the event ones summed over chunks, the rest per voxel."""
+    grads = []
+    for i, (x, w) in enumerate(zip(inputs, wanted, strict=True)):
+        if not w or x is None:
+            grads.append(None)
+        elif i < NUM_EVENT_INPUTS:
+            total = runner.summed_total(first + i, st.dtype)
+            grads.append(total if total is not None else
+                         torch.zeros((1 if i == 1 else st.num_events,), dtype=st.dtype, device=st.device))
+        else:
+            grads.append(full[i])
+    return grads
 
 
 def _fold(inputs, grads):
@@ -186,10 +215,10 @@ _PASSES = {"bs_epg_forward": 0, "bs_epg_jvp": 1, "bs_epg_vjp": 2, "bs_epg_vjp_jv
 
 
 def _call(st: Static, entry: str, args) -> None:
-    """Run an entry point on the library of the data's device: CUDA tensors go to the CUDA build, on
-    torch's current stream, with scratch allocated by torch; nothing comes back to the host. No voxels (an
-    empty property array, as NumPy broadcasts it) leave the outputs as allocated: empty, and zero gradients
-    of the values every voxel shares."""
+    """Run an entry point on the library of the chunk's device: CUDA tensors go to the CUDA build, on
+    torch's current stream, with scratch allocated by torch (and released when the call returns); nothing
+    comes back to the host. No voxels (an empty property array, as NumPy broadcasts it) leave the outputs as
+    allocated: empty, and zero gradients of the values every voxel shares."""
     if st.num_voxels == 0:
         return
     if st.device.type == "cuda":
@@ -209,13 +238,94 @@ def _call(st: Static, entry: str, args) -> None:
     nat.check_status(lib, status, entry)
 
 
+# -- chunked passes ---------------------------------------------------------------------------------
+def _per_voxel_bytes(V: int, arrays) -> int:
+    """Bytes per voxel of the arrays a pass reads and writes: (tensor or shape and dtype, voxel axis) pairs;
+    arrays shared by every voxel (a voxel axis of 1) do not grow with a chunk and are left out."""
+    total = 0
+    for x, dim in arrays:
+        if x is None or V <= 1 or x.shape[dim] != V:
+            continue
+        total += x.numel() // V * x.element_size()
+    return total
+
+
+class _Placed:
+    """A pass placed by the active execution policy: its runner, chunk size and checkpoint stride, and the
+    event inputs and structure on the run device (moved once per call, not per chunk)."""
+
+    def __init__(self, st: Static, entry: str, label: str, inputs, arrays, query_args=None):
+        self.runner = runner = chunks.Runner(st.device, st.num_voxels, label)
+        self.stride = st.checkpoint_stride
+        device = runner.device
+        if runner.trivial or st.num_voxels == 0:
+            self.chunk = st.num_voxels
+        else:
+            per_voxel = _per_voxel_bytes(st.num_voxels, arrays)
+            scratch = None
+            if device.type == "cuda" and query_args is not None:
+                query = chunks.scratch_query(device, _PASSES[entry], query_args(st))
+                scratch = query  # (c, stride) -> bytes
+            self.chunk = self._plan(st, entry, per_voxel, scratch)
+        self.static = st if device == st.device else dataclasses.replace(
+            st, action=st.action.to(device), record=st.record.to(device),
+            interval=None if st.interval is None else st.interval.to(device), device=device)
+        if self.stride != st.checkpoint_stride:
+            self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride)
+        self.events = [None if x is None else runner.stage(x) for x in inputs[:NUM_EVENT_INPUTS]]
+
+    def _plan(self, st, entry, per_voxel, scratch) -> int:
+        runner = self.runner
+        at = None if scratch is None else (lambda s: (lambda c: scratch(c, s)))
+        chunk = runner.chunk(per_voxel, None if at is None else at(self.stride))
+        adjoint = entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")
+        if adjoint and at is not None and chunk < st.num_voxels:
+            events = st.num_events * st.num_repetitions
+            stride = chunks.least_scratch_stride(events, self.stride, lambda s: scratch(st.num_voxels, s))
+            if stride != self.stride:
+                self.stride = stride
+                chunk = runner.chunk(per_voxel, at(stride))
+        return chunk
+
+    def chunk_static(self, piece: chunks.Chunk) -> Static:
+        st = self.static
+        return st if piece.count == st.num_voxels else dataclasses.replace(st, num_voxels=piece.count)
+
+    def inputs(self, piece: chunks.Chunk, inputs) -> list:
+        """A chunk's inputs on the run device: the event values as placed, tissue and tables sliced."""
+        return self.events + [piece.voxels(x) for x in inputs[NUM_EVENT_INPUTS:]]
+
+    def run(self, launch) -> None:
+        if self.chunk:
+            self.runner.run(self.chunk, launch)
+
+
+def _chunk_tangents(placed: _Placed, piece: chunks.Chunk, tangents) -> list:
+    """A chunk's tangents ([P, *input.shape] per input, or None) on the run device."""
+    out = [None if t is None else placed.runner.stage(t) for t in tangents[:NUM_EVENT_INPUTS]]
+    return out + [piece.voxels(t, dim=1) for t in tangents[NUM_EVENT_INPUTS:]]
+
+
 def forward(st: Static, inputs) -> torch.Tensor:
     """signal [V, S], complex."""
-    keep = []
     signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
-    args = nat.ForwardArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                           _tables(inputs[TABLE_START:], keep), _ptr(signal))
-    _call(st, "bs_epg_forward", args)
+
+    def args_of(cs: Static, ins, out) -> nat.ForwardArgs:
+        keep = []
+        args = nat.ForwardArgs(_dtype_code(cs.dtype), num_threads(), None, _program(cs, ins), _tissue(cs, ins),
+                               _tables(ins[TABLE_START:], keep), _ptr(out))
+        args._keep = (keep, ins, out)  # the struct holds raw pointers: keep what they point into alive
+        return args
+
+    placed = _Placed(st, "bs_epg_forward", "forward", inputs,
+                     [(x, 0) for x in inputs[NUM_EVENT_INPUTS:]] + [(signal, 0)],
+                     lambda cs: args_of(cs, inputs, None))
+
+    def launch(piece: chunks.Chunk) -> None:
+        cs = placed.chunk_static(piece)
+        _call(cs, "bs_epg_forward", args_of(cs, placed.inputs(piece, inputs), piece.out(signal)))
+
+    placed.run(launch)
     return signal
 
 
@@ -231,46 +341,102 @@ def jvp(st: Static, inputs, tangents) -> tuple[torch.Tensor, torch.Tensor]:
         if t is not None and t.shape[0] < width:
             t = torch.cat([t, t.new_zeros((width - t.shape[0],) + t.shape[1:])])
         padded.append(None if t is None else t.contiguous())
-    keep = []
-    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
-    signal_tangent = torch.empty((width, st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
-    tangent_struct, tables_tangent = _tangents(st, padded, width, keep)
-    args = nat.JvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                       _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(signal),
-                       _ptr(signal_tangent))
-    _call(st, "bs_epg_jvp", args)
+    V, S = st.num_voxels, st.num_samples
+    signal = torch.empty((V, S), dtype=_complex(st.dtype), device=st.device)
+    signal_tangent = torch.empty((width, V, S), dtype=_complex(st.dtype), device=st.device)
+
+    def args_of(cs: Static, ins, tans, out, out_tangent) -> nat.JvpArgs:
+        keep = []
+        tangent_struct, tables_tangent = _tangents(cs, tans, width, keep)
+        args = nat.JvpArgs(_dtype_code(cs.dtype), num_threads(), None, _program(cs, ins), _tissue(cs, ins),
+                           _tables(ins[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(out),
+                           _ptr(out_tangent))
+        args._keep = (keep, ins, tans, out, out_tangent)
+        return args
+
+    arrays = [(x, 0) for x in inputs[NUM_EVENT_INPUTS:]] + [(t, 1) for t in padded[NUM_EVENT_INPUTS:]]
+    arrays += [(signal, 0), (signal_tangent, 1)]
+    placed = _Placed(st, "bs_epg_jvp", "forward-mode derivative", inputs, arrays,
+                     lambda cs: args_of(cs, inputs, padded, None, None))
+
+    def launch(piece: chunks.Chunk) -> None:
+        cs = placed.chunk_static(piece)
+        _call(cs, "bs_epg_jvp", args_of(cs, placed.inputs(piece, inputs), _chunk_tangents(placed, piece, padded),
+                                        piece.out(signal), piece.out(signal_tangent, dim=1)))
+
+    placed.run(launch)
     return signal, signal_tangent[:P]
 
 
 def vjp(st: Static, inputs, cotangent: torch.Tensor, wanted) -> list:
     """Gradients of Re<cotangent, signal> for the inputs flagged in `wanted` (others None)."""
-    keep = []
     cotangent = cotangent.to(_complex(st.dtype)).contiguous()
-    grads, table_grads, out = _grads(st, inputs, wanted)
-    args = nat.VjpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                       _tables(inputs[TABLE_START:], keep), _ptr(cotangent), grads, table_grads)
-    _call(st, "bs_epg_vjp", args)
-    return _fold(inputs, out)
+    full = _grad_outputs(st, inputs, wanted)
+
+    def args_of(cs: Static, ins, cot, grads, table_grads) -> nat.VjpArgs:
+        keep = []
+        args = nat.VjpArgs(_dtype_code(cs.dtype), num_threads(), None, _program(cs, ins), _tissue(cs, ins),
+                           _tables(ins[TABLE_START:], keep), _ptr(cot), grads, table_grads)
+        args._keep = (keep, ins, cot)
+        return args
+
+    arrays = [(x, 0) for x in inputs[NUM_EVENT_INPUTS:]] + [(cotangent, 0)] + [(g, 0) for g in full]
+    placed = _Placed(st, "bs_epg_vjp", "gradient", inputs, arrays,
+                     lambda cs: args_of(cs, inputs, None, nat.Grads(), nat.TableGrads()))
+
+    def launch(piece: chunks.Chunk) -> None:
+        cs = placed.chunk_static(piece)
+        grads, table_grads = _grad_structs(cs, piece, inputs, wanted, full, 0)
+        _call(cs, "bs_epg_vjp", args_of(cs, placed.inputs(piece, inputs), piece.voxels(cotangent), grads,
+                                        table_grads))
+
+    placed.run(launch)
+    return _fold(inputs, _collect(placed.runner, st, inputs, wanted, full, 0))
 
 
-def vjp_jvp(st: Static, inputs, tangents, cotangent, cotangent_tangent, wanted):
+def vjp_jvp(st: Static, inputs, tangents, cotangent, cotangent_tangent, wanted, *, signal_tangent: bool = True):
     """The VJP and its derivative along one tangent direction ([1, *shape] per input, or None).
 
-    Returns (grads, grads_tangent, signal_tangent [V, S]).
+    Returns (grads, grads_tangent, signal_tangent [V, S] or None when not asked for). A `cotangent_tangent`
+    of None is zero.
     """
-    keep = []
     cotangent = cotangent.to(_complex(st.dtype)).contiguous()
     if cotangent_tangent is not None:
         cotangent_tangent = cotangent_tangent.to(_complex(st.dtype)).contiguous()
     tangents = [None if t is None else t.contiguous() for t in tangents]
-    grads, table_grads, out = _grads(st, inputs, wanted)
-    grads_t, table_grads_t, out_t = _grads(st, inputs, wanted)
-    signal = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
-    signal_t = torch.empty((st.num_voxels, st.num_samples), dtype=_complex(st.dtype), device=st.device)
-    tangent_struct, tables_tangent = _tangents(st, tangents, 1, keep)
-    args = nat.VjpJvpArgs(_dtype_code(st.dtype), num_threads(), None, _program(st, inputs), _tissue(st, inputs),
-                          _tables(inputs[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(cotangent),
-                          _ptr(cotangent_tangent), grads, grads_t, table_grads, table_grads_t, _ptr(signal),
-                          _ptr(signal_t))
-    _call(st, "bs_epg_vjp_jvp", args)
-    return _fold(inputs, out), _fold(inputs, out_t), signal_t
+    V, S = st.num_voxels, st.num_samples
+    full, full_t = _grad_outputs(st, inputs, wanted), _grad_outputs(st, inputs, wanted)
+    signal_t = torch.empty((V, S), dtype=_complex(st.dtype), device=st.device) if signal_tangent else None
+
+    def args_of(cs: Static, ins, tans, cot, cot_t, grads, grads_t, out, out_t) -> nat.VjpJvpArgs:
+        keep = []
+        tangent_struct, tables_tangent = _tangents(cs, tans, 1, keep)
+        args = nat.VjpJvpArgs(_dtype_code(cs.dtype), num_threads(), None, _program(cs, ins), _tissue(cs, ins),
+                              _tables(ins[TABLE_START:], keep), tangent_struct, tables_tangent, _ptr(cot),
+                              _ptr(cot_t), grads[0], grads_t[0], grads[1], grads_t[1], _ptr(out), _ptr(out_t))
+        args._keep = (keep, ins, tans, cot, cot_t, out, out_t)
+        return args
+
+    arrays = [(x, 0) for x in inputs[NUM_EVENT_INPUTS:]] + [(t, 1) for t in tangents[NUM_EVENT_INPUTS:]]
+    arrays += [(cotangent, 0), (cotangent_tangent, 0)] + [(g, 0) for g in full + full_t]
+    if signal_tangent:  # the kernel writes the signal beside its tangent
+        arrays += [(signal_t, 0), (signal_t, 0)]
+    empty = (nat.Grads(), nat.TableGrads())
+    placed = _Placed(st, "bs_epg_vjp_jvp", "second-order derivative", inputs, arrays,
+                     lambda cs: args_of(cs, inputs, tangents, None, None, empty, empty, None, None))
+
+    def launch(piece: chunks.Chunk) -> None:
+        cs = placed.chunk_static(piece)
+        # Chunk totals 0-3 are the VJP's event gradients, 4-7 their tangents.
+        grads = _grad_structs(cs, piece, inputs, wanted, full, 0)
+        grads_t = _grad_structs(cs, piece, inputs, wanted, full_t, NUM_EVENT_INPUTS)
+        out_t = piece.out(signal_t) if signal_tangent else None
+        out = torch.empty_like(out_t) if signal_tangent else None
+        _call(cs, "bs_epg_vjp_jvp", args_of(cs, placed.inputs(piece, inputs), _chunk_tangents(placed, piece, tangents),
+                                            piece.voxels(cotangent), piece.voxels(cotangent_tangent), grads, grads_t,
+                                            out, out_t))
+
+    placed.run(launch)
+    runner = placed.runner
+    return (_fold(inputs, _collect(runner, st, inputs, wanted, full, 0)),
+            _fold(inputs, _collect(runner, st, inputs, wanted, full_t, NUM_EVENT_INPUTS)), signal_t)

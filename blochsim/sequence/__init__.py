@@ -1,5 +1,6 @@
 """The sequence description layer: events, operators, RF definitions, descriptions (API.md section 6)."""
 
+from .._execution import execution, offload
 from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
 from .description import SequenceDescription
 from .events import AdcRole, EventAction, EventType, RfMode, RfUse, SequenceEvent
@@ -77,6 +78,9 @@ __all__ = [
     "SimulationResult",
     "PackedDescription",
     "pack_description",
+    # placement (9)
+    "execution",
+    "offload",
 ]
 
 _ENGINE_NAMES = ("EpgEngine", "SimulationResult", "PackedDescription", "pack_description")

@@ -10,6 +10,7 @@
 #include "blochsim/event_loop.hpp"
 #include "blochsim/unpack.hpp"
 #include "capi.h"
+#include "scratch.hpp"
 #include "thread_pool.hpp"
 
 namespace bs {
@@ -23,11 +24,9 @@ void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb,
   using R = typename Num<N>::Real;
   const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
   const int64_t V = ts.num_voxels, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
-  parallel_for(nblocks, threads, [&](int64_t b, int) {
-    thread_local std::vector<char> scratch_bytes;
-    const size_t need = sizeof(S) * 2 * state_size(pb);  // the state and forward_voxel's second
-    if (scratch_bytes.size() < need) scratch_bytes.resize(need);
-    S* work = reinterpret_cast<S*>(scratch_bytes.data());
+  CallScratch scratch(sizeof(S) * 2 * state_size(pb));  // the state and forward_voxel's second
+  parallel_for(nblocks, threads, [&](int64_t b, int worker) {
+    S* work = reinterpret_cast<S*>(scratch.get(worker));
     SampleIO<N> io;
     io.signal = static_cast<R*>(signal);
     io.signal_tan = static_cast<R*>(signal_tangent);
@@ -67,15 +66,14 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
     void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
     for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
   }
-  parallel_for(nblocks, threads, [&](int64_t b, int) {
-    thread_local std::vector<char> scratch_bytes;
-    const size_t work_bytes = sizeof(S) * state_size(pb) * 3;
-    const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb);
-    const size_t need = work_bytes + store_bytes + sizeof(N) * (table_total + 1);
-    if (scratch_bytes.size() < need) scratch_bytes.resize(need);
-    S* work = reinterpret_cast<S*>(scratch_bytes.data());
-    S* store = reinterpret_cast<S*>(scratch_bytes.data() + work_bytes);
-    N* table_acc = reinterpret_cast<N*>(scratch_bytes.data() + work_bytes + store_bytes);
+  const size_t work_bytes = sizeof(S) * state_size(pb) * 3;
+  const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb);
+  CallScratch scratch(work_bytes + store_bytes + sizeof(N) * (table_total + 1));
+  parallel_for(nblocks, threads, [&](int64_t b, int worker) {
+    char* const bytes = scratch.get(worker);
+    S* work = reinterpret_cast<S*>(bytes);
+    S* store = reinterpret_cast<S*>(bytes + work_bytes);
+    N* table_acc = reinterpret_cast<N*>(bytes + work_bytes + store_bytes);
     SampleIO<N> io;
     io.signal = static_cast<R*>(signal);
     io.signal_tan = static_cast<R*>(signal_tangent);

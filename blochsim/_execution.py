@@ -1,0 +1,203 @@
+"""Execution placement: where the kernels run and how much memory one kernel call may take.
+
+A policy is made by `execution(...)` or `offload(...)` and applies while it is active: as a context manager
+(`with execution("cuda", budget_bytes=2**30): ...`; blocks nest, and leaving one reinstates the policy that
+was active before it), or as the `execution=` run setting of a simulator or of one call. Outside any block
+the policy is `execution("auto")`.
+
+The kernel layer (`blochsim.engine.kernels`) reads the active policy on every call and runs each pass
+(forward, JVP, VJP, VJP-JVP) in voxel chunks small enough for the budget (`blochsim.engine.chunks`).
+The autograd Functions keep the policy of the call that made them, so `backward()` run later, outside
+the block, is placed and chunked alike.
+
+This module imports neither the engine nor the sequence layer: both import it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+import torch
+
+from ._errors import check_device
+
+__all__ = ["ExecutionPolicy", "execution", "offload", "active", "applied", "as_policy", "DEFAULT_SCRATCH_BYTES"]
+
+#: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
+#: many bytes, chunking the voxels above it. Larger chunks run no faster once the card is full of threads,
+#: and hold the peak allocation of a gradient near that of its inputs and outputs (docs/design.md,
+#: "Execution and memory").
+DEFAULT_SCRATCH_BYTES = 256 * 2**20
+
+_RESERVE_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class ExecutionPolicy:
+    """Where work runs and in what chunks; made by `execution()` or `offload()`, used as a context manager or
+    as an `execution=` setting.
+
+    `target` is "auto" (where the tissue tensors are), "cpu", or a tuple of CUDA devices (the first is used:
+    one process runs on one device). `budget_bytes`: bytes one chunk of one kernel call may touch (None:
+    the device's free memory less `reserve_bytes`, with the scratch held to `DEFAULT_SCRATCH_BYTES`; on
+    the CPU, no limit). `lanes`: chunks in flight per CUDA device. `offload`: every per-voxel workload
+    streams through `target`, host tensors staged through pinned memory. `progress`: a tqdm bar over
+    long chunked work (None: when the work is estimated past a few seconds and stderr is a terminal).
+    """
+
+    target: str | tuple = "auto"
+    stream: bool | None = None
+    budget_bytes: int | None = None
+    lanes: int = 1
+    reserve_bytes: int = _RESERVE_BYTES
+    offload: bool = False
+    progress: bool | None = None
+
+    def __enter__(self) -> ExecutionPolicy:
+        _ACTIVE.set((self, _ACTIVE.get()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        current, previous = _ACTIVE.get()
+        if current is not self:
+            raise RuntimeError("execution blocks must be left in the order they were entered (innermost first)")
+        _ACTIVE.set(previous)
+
+    def device_for(self, home: torch.device) -> torch.device:
+        """The device a call whose tensors are on `home` runs on. A CUDA device that cannot be served raises
+        the error of `blochsim._errors.check_device` (no CUDA in torch, no GPU, no blochsim CUDA package)."""
+        if self.target == "auto":
+            return home
+        if self.target == "cpu":
+            return torch.device("cpu")
+        for device in self.target:  # one of the listed devices holds the data: stay there
+            if home.type == "cuda" and device.index in (None, home.index):
+                return home
+        device = self.target[0]
+        check_device(device)
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+
+_AUTO = ExecutionPolicy()
+# (policy, the link below it) while a block is active; None outside every block.
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("blochsim_execution", default=None)
+
+
+def active() -> ExecutionPolicy:
+    """The policy in force: the innermost active block's, else execution("auto")."""
+    link = _ACTIVE.get()
+    return _AUTO if link is None else link[0]
+
+
+class applied:
+    """Context manager that makes `policy` active (None: leaves the active one), for one call or one backward."""
+
+    __slots__ = ("policy", "pushed")
+
+    def __init__(self, policy: ExecutionPolicy | None):
+        self.policy = policy
+        self.pushed = False
+
+    def __enter__(self):
+        if self.policy is not None and self.policy is not active():
+            _ACTIVE.set((self.policy, _ACTIVE.get()))
+            self.pushed = True
+        return self.policy
+
+    def __exit__(self, *exc) -> None:
+        if self.pushed:
+            _ACTIVE.set(_ACTIVE.get()[1])
+
+
+def _positive(name: str, value, *, allow_none: bool = False, allow_zero: bool = False):
+    if value is None and allow_none:
+        return None
+    smallest = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+        what = "an integer >= 0" if allow_zero else "a positive integer"
+        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def _flag(name: str, value):
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be None, True or False, got {value!r}")
+    return value
+
+
+def _cuda_devices(name: str, devices) -> tuple:
+    """A non-empty tuple of CUDA torch.devices, or ValueError naming `name` and the first bad entry."""
+    if isinstance(devices, (str, torch.device, int)):
+        devices = (devices,)
+    try:
+        devices = tuple(devices)
+    except TypeError:
+        raise ValueError(f"{name} must be a CUDA device or a list of them ('cuda', 'cuda:1', ...), "
+                         f"got {devices!r}") from None
+    if not devices:
+        raise ValueError(f"{name} must name at least one CUDA device ('cuda', 'cuda:1', ...), got an empty list")
+    out = []
+    for index, device in enumerate(devices):
+        try:
+            device = torch.device("cuda", device) if isinstance(device, int) and not isinstance(device, bool) \
+                else torch.device(device)
+        except (RuntimeError, TypeError):
+            device = None
+        if device is None or device.type != "cuda":
+            raise ValueError(f"{name} must list CUDA devices only ('cuda', 'cuda:1', ...); entry {index} is "
+                             f"{devices[index]!r}")
+        out.append(device)
+    return tuple(dict.fromkeys(out))
+
+
+def execution(target="auto", *, stream=None, budget_bytes=None, lanes=1, reserve_bytes=_RESERVE_BYTES,
+              progress=None) -> ExecutionPolicy:
+    """A placement policy (a context manager, or a value for `execution=`).
+
+    `target`: "auto" runs work where the tissue tensors are; "cpu" confines it to the host; a CUDA device or
+    a list of them runs it there (one process uses the first listed, or the one the tensors are on), staging
+    host tensors chunk by chunk. Each pass of a kernel call is cut into voxel chunks sized by a per-voxel
+    byte model (the library's scratch plus the per-voxel arrays the pass reads and writes) against
+    `budget_bytes`, or, on a CUDA device without it, against its free memory less `reserve_bytes` with the
+    scratch held to `DEFAULT_SCRATCH_BYTES`. `stream`: True sizes chunks from the budget; False runs each
+    device's part whole and raises RuntimeError when it does not fit; None (default) whichever chunks are
+    smaller. `lanes`: chunks in flight per CUDA device (each on its own stream, with its share of the
+    budget); the host runs one chunk at a time on all its threads. `progress`: True shows a tqdm bar over
+    every chunked call, False never, None (default) for chunked work estimated past a few seconds when
+    stderr is a terminal. Results do not depend on chunking. Bad arguments raise ValueError naming them.
+    """
+    if isinstance(target, str) and target in ("auto", "cpu"):
+        devices = target
+    else:
+        devices = _cuda_devices("target", target)
+    return ExecutionPolicy(target=devices, stream=_flag("stream", stream),
+                           budget_bytes=_positive("budget_bytes", budget_bytes, allow_none=True),
+                           lanes=_positive("lanes", lanes),
+                           reserve_bytes=_positive("reserve_bytes", reserve_bytes, allow_zero=True),
+                           progress=_flag("progress", progress))
+
+
+def offload(devices=("cuda",), *, budget_bytes=_RESERVE_BYTES, lanes=1, progress=None) -> ExecutionPolicy:
+    """A policy that streams every per-voxel workload through the CUDA `devices`, whatever its size: host
+    tensors are staged through pinned memory in chunks of at most `budget_bytes` per lane, with `lanes`
+    chunks in flight, and results come back to the host. See `execution` for `progress`."""
+    return ExecutionPolicy(target=_cuda_devices("devices", devices), stream=True,
+                           budget_bytes=_positive("budget_bytes", budget_bytes), lanes=_positive("lanes", lanes),
+                           offload=True, progress=_flag("progress", progress))
+
+
+def as_policy(value, name: str = "execution") -> ExecutionPolicy | None:
+    """The policy an `execution=` setting asks for: None (the active one), a policy, "auto", "cpu", or CUDA
+    device(s) as for `execution(target)`. Anything else raises ValueError naming `name`."""
+    if value is None or isinstance(value, ExecutionPolicy):
+        return value
+    if isinstance(value, str) and value in ("auto", "cpu"):
+        return ExecutionPolicy(target=value)
+    try:
+        return ExecutionPolicy(target=_cuda_devices(name, value))
+    except ValueError as error:
+        raise ValueError(f"{error}; {name} also accepts None, 'auto', 'cpu', or a policy made by "
+                         "blochsim.execution(...) or blochsim.offload(...)") from None

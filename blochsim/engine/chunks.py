@@ -1,0 +1,351 @@
+"""Voxel chunks of one kernel call: placement, a byte model, staging, out-of-memory retry, progress.
+
+Every voxel of a kernel pass is independent of the others, so a pass over V voxels runs as passes over
+consecutive ranges of voxels. `Runner` does that for the kernel layer (`engine.kernels`):
+
+* where: the active execution policy (`blochsim._execution`) names the device the kernels run on; the
+  inputs stay where they are (the "home" device) and the results are written there. Inputs of a chunk are
+  sliced and, when home and run device differ, copied over (host tensors through pinned memory).
+* how many voxels: the byte model of a chunk of c voxels is the library's scratch for c voxels
+  (`bs_epg_scratch_bytes`, asked at c itself: it is linear in c only piecewise, by the launch mapping and its
+  padding) plus c times the bytes of the per-voxel arrays the pass reads and writes. A chunk is the largest
+  c whose model fits the budget (the policy's `budget_bytes`; on a CUDA device without one, the free memory
+  less `reserve_bytes` with the scratch held to `DEFAULT_SCRATCH_BYTES`). An adjoint whose whole call does
+  not fit takes the checkpoint stride with the least scratch (about the square root of the events), and is
+  then cut.
+* out of memory: a chunk that raises torch.cuda.OutOfMemoryError is run again as chunks of half its size
+  (a warning says so once per call); completed chunks are kept, and a failed chunk wrote nothing (its
+  outputs are committed only after its launch).
+* progress: a tqdm bar over the voxels when the first chunk's time says the call will take more than
+  `PROGRESS_AFTER_S`, stderr is a terminal and tqdm is installed, or whenever the policy forces it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from .. import _execution
+from .. import _native as nat
+
+__all__ = ["Runner", "Chunk", "PROGRESS_AFTER_S"]
+
+#: Chunked work estimated to take longer than this shows a progress bar (when stderr is a terminal).
+PROGRESS_AFTER_S = 3.0
+
+#: Below this many bytes a CUDA call is not planned against the free memory (asking costs a driver call):
+#: it runs whole, and the out-of-memory retry covers a card that is nearly full.
+_SMALL_BYTES = 64 * 2**20
+
+# Chunks are cut at whole blocks: of threads on a CUDA device (launch_rules.hpp: 128 a block), of voxels on
+# the host (csrc/cpu/epg_host.hpp kVoxelsPerBlock).
+_CUDA_ALIGN = 128
+_HOST_BLOCK = 16
+
+
+class Chunk:
+    """Voxels [start, stop) of a pass: its inputs on the run device, and where its outputs go.
+
+    A pass's launch reads its per-voxel arrays through `voxels()`, writes through `out()` and `summed()`, and
+    calls the library; the runner then `commit()`s: temporaries are copied into the full results and the
+    summed outputs added to the runner's totals. A launch that raises leaves nothing behind.
+    """
+
+    def __init__(self, runner: Runner, start: int, stop: int, lane: int):
+        self.runner, self.start, self.stop, self.lane = runner, start, stop, lane
+        self.count = stop - start
+        self._copies = []  # (full result view, chunk tensor) to copy after the launch
+        self._sums = []  # (index into the runner's totals, chunk tensor)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def voxels(self, x: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
+        """This chunk's part of a per-voxel array (voxel axis `dim`, of length V or 1), on the run device."""
+        if x is None:
+            return None
+        if x.shape[dim] == self.runner.total and self.count != self.runner.total:
+            x = x.narrow(dim, self.start, self.count)
+            if dim:
+                x = x.contiguous()
+        return self.runner.stage(x)
+
+    def out(self, full: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Where the kernel writes this chunk's part of `full` (voxel axis `dim`): the part itself when it is
+        contiguous on the run device, else a temporary on the run device, copied in at commit."""
+        part = full.narrow(dim, self.start, self.count) if self.count != self.runner.total else full
+        if part.device == self.device and part.is_contiguous():
+            return part
+        temp = torch.empty(part.shape, dtype=full.dtype, device=self.device)
+        self._copies.append((part, temp))
+        return temp
+
+    def summed(self, index: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed buffer on the run device for an output summed over voxels, added to the runner's total
+        `index` at commit."""
+        buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._sums.append((index, buffer))
+        return buffer
+
+    def commit(self) -> None:
+        for part, temp in self._copies:
+            self.runner.deliver(part, temp, self.lane)
+        whole = self.count == self.runner.total
+        for index, buffer in self._sums:
+            self.runner.add(index, buffer, self.lane, whole)
+
+
+class Runner:
+    """Runs one pass over `total` voxels whose inputs live on `home`, in chunks, under the active policy."""
+
+    def __init__(self, home: torch.device, total: int, label: str):
+        self.home, self.total, self.label = home, total, label
+        self.policy = _execution.active()
+        self.device = self.policy.device_for(home)
+        self.lanes = self.policy.lanes if self.device.type == "cuda" else 1
+        self._totals: dict = {}  # index -> per lane, float64 sums of chunks
+        self._whole: dict = {}  # index -> the one chunk's output, when the call ran whole
+        self._pending: list = [[] for _ in range(self.lanes)]  # per lane: host copies waiting on an event
+        self._streams = None
+
+    # -- planning ---------------------------------------------------------------------------------
+    @property
+    def trivial(self) -> bool:
+        """Nothing to plan: the whole call runs where its tensors are, on the host, without a budget."""
+        return self.device == self.home and self.device.type == "cpu" and self.policy.budget_bytes is None
+
+    def chunk(self, per_voxel_bytes: int, scratch: Callable[[int], int] | None = None) -> int:
+        """Voxels per chunk: the largest c whose byte model fits the budget of a lane.
+
+        `per_voxel_bytes`: bytes of the per-voxel arrays the pass touches, per voxel. `scratch(c)`: the
+        library's scratch for c voxels (None on the host, whose scratch is per thread, not per voxel).
+        """
+        V = self.total
+
+        def model(c: int) -> int:
+            return (scratch(c) if scratch else 0) + c * per_voxel_bytes
+
+        budget, scratch_cap = self._budget(model(V), scratch(V) if scratch else 0)
+        if budget is None:
+            return V
+        fits = (lambda c: model(c) <= budget and (scratch is None or scratch(c) <= scratch_cap)) \
+            if scratch_cap is not None else (lambda c: model(c) <= budget)
+        if fits(V):
+            return V
+        if self.policy.stream is False:
+            raise RuntimeError(
+                f"execution(stream=False) runs the {self.label} of {V} voxels whole, and it needs {model(V)} bytes "
+                f"against a budget of {budget}; use stream=None or True to cut it into chunks, or give a larger "
+                "budget_bytes")
+        lo, hi = 0, V  # fits(lo) (or lo == 0), not fits(hi)
+        guess = max(1, min(V - 1, int(V * min(budget / max(model(V), 1), 1.0))))
+        if fits(guess):
+            lo = guess
+        else:
+            hi = guess
+        while hi - lo > max(1, lo // 64):  # to within 1.6 % of the largest chunk that fits
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        if lo == 0:
+            raise ValueError(
+                f"budget_bytes: one voxel of this {self.label} needs {model(1)} bytes (scratch "
+                f"{scratch(1) if scratch else 0}), more than the budget of {budget} bytes per lane")
+        # Whole blocks: of threads on a CUDA device; of the host library's voxels, whose event gradients it sums
+        # in float32 per block, so aligned chunks sum the same blocks as the whole call (engine.kernels).
+        align = _CUDA_ALIGN if self.device.type == "cuda" else _HOST_BLOCK
+        if lo >= align:
+            lo -= lo % align
+        even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
+        return min(lo, -(-even // align) * align) if lo >= align else even
+
+    def _budget(self, whole_bytes: int, whole_scratch: int) -> tuple:
+        """(bytes a lane's chunk may touch or None for no limit, cap on its scratch or None)."""
+        policy = self.policy
+        if policy.budget_bytes is not None:
+            return policy.budget_bytes // self.lanes, None
+        if self.device.type != "cuda":
+            return None, None
+        if whole_bytes <= _SMALL_BYTES and whole_scratch <= _execution.DEFAULT_SCRATCH_BYTES:
+            return None, None
+        free, _ = torch.cuda.mem_get_info(self.device)
+        # Memory torch holds in its cache but no tensor uses is free to the kernels' allocations too.
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        budget = max(free - policy.reserve_bytes, 1) // self.lanes
+        return budget, _execution.DEFAULT_SCRATCH_BYTES // self.lanes
+
+    # -- staging ----------------------------------------------------------------------------------
+    def stage(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` on the run device (host tensors through pinned memory, copied asynchronously)."""
+        if x.device == self.device:
+            return x
+        if self.device.type == "cuda" and x.device.type == "cpu":
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)
+
+    def deliver(self, part: torch.Tensor, temp: torch.Tensor, lane: int) -> None:
+        """Copy a chunk's output into its part of the full result (to the host through pinned memory,
+        finished when the lane is next used or the call ends)."""
+        if temp.device.type == "cuda" and part.device.type == "cpu":
+            pinned = torch.empty(temp.shape, dtype=temp.dtype, pin_memory=True)
+            pinned.copy_(temp, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._pending[lane].append((done, part, pinned))
+        else:
+            part.copy_(temp)
+
+    def add(self, index: int, buffer: torch.Tensor, lane: int, whole: bool = False) -> None:
+        """Add a chunk's summed output to total `index`: kept as it is when the chunk is the whole call, else
+        added in float64, per lane (lanes never write one tensor at once)."""
+        if whole:
+            self._whole[index] = buffer
+            return
+        slot = self._totals.setdefault(index, [None] * self.lanes)
+        if slot[lane] is None:
+            slot[lane] = torch.zeros(buffer.shape, dtype=torch.float64, device=self.device)
+        slot[lane].add_(buffer)
+
+    def summed_total(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Total `index` over every chunk, in `dtype`, on the home device (None if no chunk gave one)."""
+        if index in self._whole:
+            return self._whole[index].to(device=self.home, dtype=dtype)
+        parts = [t for t in self._totals.get(index, ()) if t is not None]
+        if not parts:
+            return None
+        out = parts[0]
+        for t in parts[1:]:
+            out = out + t
+        return out.to(device=self.home, dtype=dtype)
+
+    def _finish(self, lane: int) -> None:
+        for done, part, pinned in self._pending[lane]:
+            done.synchronize()
+            part.copy_(pinned)
+        self._pending[lane].clear()
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, chunk: int, launch: Callable[[Chunk], None]) -> None:
+        """launch(c) for consecutive chunks of at most `chunk` voxels; halves the chunk on CUDA out-of-memory."""
+        V = self.total
+        lanes = self._lane_streams()
+        start, count, warned, bar = 0, 0, False, None
+        started = time.perf_counter()
+        while start < V:
+            stop = min(V, start + chunk)
+            lane = count % self.lanes
+            try:
+                if lanes is not None:
+                    with torch.cuda.stream(lanes[lane]):
+                        self._finish(lane)
+                        self._launch(start, stop, lane, launch)
+                else:
+                    self._launch(start, stop, lane, launch)
+            except torch.cuda.OutOfMemoryError:
+                if stop - start == 1:
+                    raise
+                failed = True
+            else:
+                failed = False
+            if failed:  # outside the handler: the failed chunk's tensors went with the traceback
+                chunk = max(1, (stop - start) // 2)
+                if not warned:
+                    warnings.warn(f"blochsim: the device ran out of memory for a chunk of {stop - start} voxels of "
+                                  f"a {self.label}; continuing in chunks of {chunk} voxels", ResourceWarning,
+                                  stacklevel=2)
+                    warned = True
+                continue
+            count += 1
+            if count == 1 and stop < V:
+                bar = self._bar(stop, started, lanes)
+            elif bar is not None:
+                bar.update(stop - start)
+            start = stop
+        for lane in range(self.lanes):
+            if lanes is not None:
+                with torch.cuda.stream(lanes[lane]):
+                    self._finish(lane)
+                torch.cuda.current_stream(self.device).wait_stream(lanes[lane])
+            else:
+                self._finish(lane)
+        if bar is not None:
+            bar.close()
+
+    def _launch(self, start, stop, lane, launch) -> None:
+        piece = Chunk(self, start, stop, lane)
+        launch(piece)
+        piece.commit()
+
+    def _lane_streams(self):
+        """One stream per lane on a CUDA device with lanes > 1, each after the caller's work so far."""
+        if self.device.type != "cuda" or self.lanes == 1:
+            return None
+        if self._streams is None:
+            caller = torch.cuda.current_stream(self.device)
+            self._streams = [torch.cuda.Stream(self.device) for _ in range(self.lanes)]
+            for s in self._streams:
+                s.wait_stream(caller)
+        return self._streams
+
+    def _bar(self, done: int, started: float, lanes):
+        """A tqdm bar after the first chunk (`done` voxels since `started`), or None."""
+        setting = self.policy.progress
+        if setting is False:
+            return None
+        if setting is None:
+            if not _terminal():
+                return None
+            if self.device.type == "cuda":  # the first chunk's time, not its launch's
+                (lanes[0] if lanes else torch.cuda.current_stream(self.device)).synchronize()
+            if (time.perf_counter() - started) * self.total / done < PROGRESS_AFTER_S:
+                return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # optional (pip install "blochsim[progress]"): no bar without it
+            return None
+        bar = tqdm(total=self.total, unit="voxel", unit_scale=True, desc=f"blochsim {self.label}", leave=False)
+        bar.update(done)
+        return bar
+
+
+def _terminal() -> bool:
+    stream = sys.stderr
+    return stream is not None and hasattr(stream, "isatty") and stream.isatty()
+
+
+def scratch_query(device: torch.device, entry_index: int, args) -> Callable[[int, int], int] | None:
+    """scratch(c, stride): the library's scratch bytes for c voxels of the pass `args` describes at a checkpoint
+    stride (CUDA only; None on the host, whose scratch is per thread)."""
+    if device.type != "cuda":
+        return None
+    lib = nat.cuda_library()
+    cache = {}
+
+    def scratch(c: int, stride: int) -> int:
+        key = (c, stride)
+        if key not in cache:
+            args.tissue.num_voxels = c
+            args.program.checkpoint_stride = stride
+            need = lib.bs_epg_scratch_bytes(entry_index, ctypes.byref(args))
+            if need < 0:
+                nat.check_status(lib, 1, "bs_epg_scratch_bytes")
+            cache[key] = int(need)
+        return cache[key]
+
+    return scratch
+
+
+def least_scratch_stride(events: int, stride: int, scratch_at: Callable[[int], int]) -> int:
+    """The checkpoint stride with the least scratch: the given one or near the square root of the events (the
+    store holds the checkpoints, events / stride, and the replayed stretch, stride or twice that with tables)."""
+    candidates = {stride, max(1, round(math.sqrt(events))), max(1, round(math.sqrt(events / 2)))}
+    return min(sorted(candidates), key=lambda s: (scratch_at(s), s != stride))

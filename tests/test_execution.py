@@ -1,0 +1,403 @@
+"""Execution placement on the host: policies, voxel chunking, the out-of-memory retry, progress, host scratch.
+
+Every pass (forward, JVP, VJP, VJP-JVP) runs here under a budget of a few kilobytes, so that a call of 37
+voxels is cut into chunks of a few voxels, and is compared with the same call run whole. Each voxel's
+arithmetic does not depend on which chunk it is in, so signals, Jacobians and tissue gradients are bitwise
+equal. Protocol (event) gradients are sums over voxels: the host library sums its 16-voxel blocks in
+float64 and rounds the total to float32 once per call, so a chunked call rounds once per chunk and adds the
+rounded sums in float64 (engine.chunks). That is the exact difference, and `_protocol_bound` states it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import blochsim
+from blochsim import _execution, engine
+from blochsim.engine import chunks
+from blochsim.engine import kernels as K
+from blochsim.sequence import TissueProperties, mrf_description
+from blochsim.simulators import MRFSimulator
+
+V = 37  # voxels: odd, so the last chunk is short
+REPS = 30
+STATES = 8
+TINY = 2500  # bytes: chunks of a few voxels for every pass below
+POOLED = dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0,
+              bound_fraction=0.1, bound_exchange_hz=4.3, t1_bound_ms=1000.0)
+KINDS = ("real", "complex", "pooled")
+
+
+def _tissue(kind: str, *, voxels: int = V) -> TissueProperties:
+    g = torch.Generator().manual_seed(1)
+    t1 = torch.rand(voxels, generator=g) * 2000 + 300
+    t2 = torch.rand(voxels, generator=g) * 100 + 20
+    extra = {}
+    if kind == "complex":
+        extra = dict(b0_hz=torch.rand(voxels, generator=g) * 20 - 10)
+    elif kind == "pooled":
+        extra = POOLED
+    return TissueProperties(t1_ms=t1, t2_ms=t2, **extra)
+
+
+def _flips(requires_grad: bool = False) -> torch.Tensor:
+    flips = torch.deg2rad(torch.linspace(5, 60, REPS, dtype=torch.float64))
+    return flips.requires_grad_() if requires_grad else flips
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The kernel calls of a test: (entry, first voxel, voxels) each, the first voxel read from where the
+    chunk's T1 pointer lies in the whole call's T1 buffer."""
+    seen = []
+    real = K._call
+
+    def recording(st, entry, args):
+        seen.append((entry, args.tissue.data[0], st.num_voxels))
+        real(st, entry, args)
+
+    monkeypatch.setattr(K, "_call", recording)
+    return seen
+
+
+def _protocol_bound(chunk_grads: list) -> float:
+    """|chunked - whole| for a protocol gradient: each chunk's sum is rounded to float32 (at most 2^-24 of its
+    size), and the float64 total is rounded once more, as the whole call's is (one float32 ulp, 2^-23 of it)."""
+    total = sum(g.double().abs() for g in chunk_grads)
+    return total * 2.0**-24 + sum(chunk_grads).double().abs() * 2.0**-23
+
+
+# -- results do not depend on chunking -------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_and_jacobian_chunked_bitwise(kind, calls):
+    description = mrf_description(_flips(), 0.01)
+    tissue = _tissue(kind)
+    signal = engine.simulate(description, tissue, states=STATES)
+    sig_j, jac = engine.jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES)
+    whole_calls = len(calls)
+    with blochsim.execution(budget_bytes=TINY):
+        chunked = engine.simulate(description, tissue, states=STATES)
+        chunked_j, chunked_jac = engine.jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES)
+    assert len(calls) - whole_calls > 6, "the budget should cut both calls into several chunks"
+    assert torch.equal(chunked, signal)
+    assert torch.equal(chunked_j, sig_j)
+    assert torch.equal(chunked_jac, jac)
+
+
+def _first_order(tissue: TissueProperties) -> tuple:
+    """(flip gradient, T1 gradient) of sum |signal|^2: the VJP."""
+    flips = _flips(requires_grad=True)
+    t1 = tissue.t1_ms.clone().requires_grad_()
+    signal = engine.simulate(mrf_description(flips, 0.01), _with(tissue, t1_ms=t1), states=STATES)
+    return torch.autograd.grad((signal.abs() ** 2).sum(), (flips, t1))
+
+
+def _hvp(tissue: TissueProperties) -> tuple:
+    """A Hessian-vector product by double backward: the VJP-JVP through EpgVjp's backward."""
+    flips = _flips(requires_grad=True)
+    t1 = tissue.t1_ms.clone().requires_grad_()
+    signal = engine.simulate(mrf_description(flips, 0.01), _with(tissue, t1_ms=t1), states=STATES)
+    g_flip, g_t1 = torch.autograd.grad((signal.abs() ** 2).sum(), (flips, t1), create_graph=True)
+    cost = (g_flip * torch.linspace(-1, 1, REPS, dtype=g_flip.dtype)).sum() + g_t1.sum()
+    return torch.autograd.grad(cost, (flips, t1))
+
+
+def _jacobian_cost(tissue: TissueProperties) -> tuple:
+    """The gradient of a cost of the (T1, T2) Jacobian: the VJP-JVP through EpgJacobian's backward."""
+    flips = _flips(requires_grad=True)
+    t1 = tissue.t1_ms.clone().requires_grad_()
+    _, jac = engine.jacobian(mrf_description(flips, 0.01), _with(tissue, t1_ms=t1), ("t1_ms", "t2_ms"),
+                             states=STATES)
+    return torch.autograd.grad((jac.abs() ** 2).sum(), (flips, t1))
+
+
+def _with(tissue: TissueProperties, **fields) -> TissueProperties:
+    return TissueProperties(**{**dict(tissue.items()), **fields})
+
+
+def _voxels(tissue: TissueProperties, lo: int, n: int) -> TissueProperties:
+    """The tissue of voxels [lo, lo + n) (per-voxel fields sliced, shared ones kept)."""
+    return _with(tissue, **{k: v[lo:lo + n] for k, v in tissue.items() if isinstance(v, torch.Tensor)
+                            and v.numel() == tissue.t1_ms.numel()})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("derivative", "entry"), [(_first_order, "bs_epg_vjp"), (_hvp, "bs_epg_vjp_jvp"),
+                                                   (_jacobian_cost, "bs_epg_vjp_jvp")])
+def test_derivatives_chunked(kind, derivative, entry, calls, monkeypatch):
+    """Gradients, HVPs and Jacobian costs, chunked against whole: tissue parts bitwise; protocol parts exactly
+    the float64 sum of each chunk's own float32 result (the same voxels run as a whole call: the chunks are
+    cut at the host's 16-voxel blocks, so each sums the blocks the whole call sums), within `_protocol_bound`
+    of the whole call's. Every pass is given 1000 bytes a voxel and 20,000 bytes: chunks of 16 voxels."""
+    tissue = _tissue(kind, voxels=83)
+    w_flip, w_t1 = derivative(tissue)
+    start = len(calls)
+    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
+    with blochsim.execution(budget_bytes=20_000):
+        c_flip, c_t1 = derivative(tissue)
+    spans = [(first, n) for e, first, n in calls[start:] if e == entry]
+    assert len(spans) > 4 and all(n == 16 for _, n in spans[:5])
+    assert torch.equal(c_t1, w_t1)
+    base, ranges, starts = spans[0][0], [], set()
+    for first, n in spans:  # one run of the pass over the voxels covers them once; the Jacobian's runs P = 2
+        lo = (first - base) // 4  # float32 T1 entries
+        if lo in starts:
+            break
+        starts.add(lo)
+        ranges.append((lo, n))
+    assert sum(n for _, n in ranges) == 83
+    parts = [derivative(_voxels(tissue, lo, n))[0].float() for lo, n in ranges]
+    if kind != "pooled" and derivative is _first_order:
+        assert torch.equal(c_flip.float(), sum(p.double() for p in parts).float())
+        assert ((c_flip - w_flip).abs() <= _protocol_bound(parts)).all()
+    else:
+        # Two shares, each rounded per chunk, meet in these: with MT the flips reach the saturation table
+        # too, whose per-voxel gradient the chunked call folds whole while each part folded its own voxels;
+        # an HVP adds the VJP-JVP's share to the VJP's (through the cotangent, which depends on the flips);
+        # a Jacobian cost adds its two columns' VJP-JVPs. Each share is bounded as above at the size of the
+        # parts it makes up, and a share may be up to that size again with the other sign: a factor 4.
+        assert ((c_flip - w_flip).abs() <= 4 * _protocol_bound(parts)).all()
+
+
+def test_simulator_execution_setting_per_call_and_per_simulator(calls):
+    flips = torch.linspace(5, 60, REPS)
+    t1 = torch.rand(V, generator=torch.Generator().manual_seed(4)) * 2000 + 300
+    whole = MRFSimulator(flip=flips, TR=10.0, states=STATES).simulate(T1=t1, T2=60.0)
+    assert len(calls) == 1
+    per_call = MRFSimulator(flip=flips, TR=10.0, states=STATES).simulate(
+        T1=t1, T2=60.0, execution=blochsim.execution(budget_bytes=TINY))
+    per_sim = MRFSimulator(flip=flips, TR=10.0, states=STATES,
+                           execution=blochsim.execution(budget_bytes=TINY)).simulate(T1=t1, T2=60.0)
+    assert len(calls) > 7
+    assert torch.equal(per_call, whole) and torch.equal(per_sim, whole)
+    # A call's setting wins over the block around it: execution="auto" here runs whole.
+    count = len(calls)
+    with blochsim.execution(budget_bytes=TINY):
+        MRFSimulator(flip=flips, TR=10.0, states=STATES).simulate(T1=t1, T2=60.0, execution="auto")
+    assert len(calls) == count + 1
+
+
+def test_backward_keeps_the_policy_of_its_forward(calls):
+    flips = _flips(requires_grad=True)
+    with blochsim.execution(budget_bytes=TINY):
+        signal = engine.simulate(mrf_description(flips, 0.01), _tissue("real"), states=STATES)
+    start = len(calls)
+    (signal.abs() ** 2).sum().backward()  # outside the block
+    assert sum(entry == "bs_epg_vjp" for entry, _, _ in calls[start:]) > 3
+
+
+def test_cpu_target_and_empty_calls():
+    description = mrf_description(_flips(), 0.01)
+    with blochsim.execution("cpu", budget_bytes=TINY):
+        assert torch.equal(engine.simulate(description, _tissue("real"), states=STATES),
+                           engine.simulate(description, _tissue("real"), states=STATES, path="auto"))
+    empty = TissueProperties(t1_ms=torch.zeros(0) + 1000.0, t2_ms=torch.zeros(0) + 50.0)
+    with blochsim.execution(budget_bytes=TINY):
+        assert engine.simulate(description, empty, states=STATES).shape == (0, REPS)
+
+
+# -- the byte model --------------------------------------------------------------------------------
+def test_chunk_size_from_the_byte_model():
+    def scratch(c):  # a scratch of 1000 bytes a voxel plus a fixed 4096, padded to 32 voxels
+        return 1000 * (-(-c // 32) * 32) + 4096
+
+    with blochsim.execution(budget_bytes=200_000):
+        runner = chunks.Runner(torch.device("cpu"), 10_000, "test")
+        c = runner.chunk(120, scratch)
+    assert scratch(c) + 120 * c <= 200_000
+    largest = max(n for n in range(1, 400) if scratch(n) + 120 * n <= 200_000)
+    assert c >= 0.9 * (10_000 / math.ceil(10_000 / largest))  # chunks of nearly equal size, as few as fit
+    with blochsim.execution(budget_bytes=1000):
+        with pytest.raises(ValueError, match=r"budget_bytes: one voxel of this test needs 36216 bytes \(scratch 36096"):
+            chunks.Runner(torch.device("cpu"), 10, "test").chunk(120, scratch)
+    with blochsim.execution(budget_bytes=200_000, stream=False):
+        with pytest.raises(RuntimeError, match="stream=False.*10000 voxels whole"):
+            chunks.Runner(torch.device("cpu"), 10_000, "test").chunk(120, scratch)
+
+
+def test_least_scratch_stride_and_results_independent_of_it():
+    n = 1500
+    assert chunks.least_scratch_stride(n, 4, lambda s: s + -(-n // s)) == round(math.sqrt(n))
+    assert chunks.least_scratch_stride(n, 4, lambda s: 2 * s + -(-n // s)) == round(math.sqrt(n / 2))
+    # The replay from a checkpoint repeats the forward's arithmetic: any stride gives the same gradient.
+    grads = []
+    for stride in (4, 9, 1):
+        flips = _flips(requires_grad=True)
+        signal = engine.simulate(mrf_description(flips, 0.01), _tissue("pooled"), states=STATES,
+                                 checkpoint_stride=stride)
+        grads.append(torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0])
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+
+
+# -- policies --------------------------------------------------------------------------------------
+def test_policies_nest_and_restore():
+    assert _execution.active().target == "auto"
+    with blochsim.execution("cpu", budget_bytes=1 << 20) as outer:
+        assert _execution.active() is outer
+        with blochsim.sequence.offload(("cuda:0", "cuda:1"), budget_bytes=1 << 22, lanes=2) as inner:
+            assert _execution.active() is inner
+            assert inner.target == (torch.device("cuda", 0), torch.device("cuda", 1)) and inner.offload
+            with pytest.raises(KeyError):
+                with outer:  # a policy object may be entered again, nested
+                    assert _execution.active() is outer
+                    raise KeyError("leaves through an exception")
+            assert _execution.active() is inner
+        assert _execution.active() is outer
+    assert _execution.active().target == "auto"
+    assert blochsim.execution is blochsim.sequence.execution and blochsim.offload is blochsim.sequence.offload
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: blochsim.execution(target=[]), "target must name at least one CUDA device"),
+    (lambda: blochsim.execution(target=["cuda:0", "cpu"]), "target must list CUDA devices only.*; entry 1 is 'cpu'"),
+    (lambda: blochsim.execution(target="tpu"), "target must list CUDA devices only.*; entry 0 is 'tpu'"),
+    (lambda: blochsim.execution(budget_bytes=0), "budget_bytes must be a positive integer or None, got 0"),
+    (lambda: blochsim.execution(budget_bytes=-5), "budget_bytes must be a positive integer"),
+    (lambda: blochsim.execution(budget_bytes=1.5e9), "budget_bytes must be a positive integer"),
+    (lambda: blochsim.execution(lanes=0), "lanes must be a positive integer, got 0"),
+    (lambda: blochsim.execution(reserve_bytes=-1), "reserve_bytes must be an integer >= 0"),
+    (lambda: blochsim.execution(stream="yes"), "stream must be None, True or False"),
+    (lambda: blochsim.execution(progress=1), "progress must be None, True or False"),
+    (lambda: blochsim.offload(devices=()), "devices must name at least one CUDA device"),
+    (lambda: blochsim.offload(devices=["cpu"]), "devices must list CUDA devices only.*; entry 0 is 'cpu'"),
+    (lambda: blochsim.offload(budget_bytes=0), "budget_bytes must be a positive integer, got 0"),
+    (lambda: blochsim.offload(lanes=-2), "lanes must be a positive integer"),
+    (lambda: MRFSimulator(flip=[10.0], TR=10.0, execution=[]), "execution must name at least one CUDA device"),
+    (lambda: MRFSimulator(flip=[10.0], TR=10.0).simulate(T1=1.0, T2=1.0, execution=["cpu"]),
+     "execution must list CUDA devices only.*; entry 0 is 'cpu'.*'auto', 'cpu'"),
+])
+def test_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -- CUDA out of memory ----------------------------------------------------------------------------
+def test_out_of_memory_retries_smaller_chunks(monkeypatch):
+    """A fake CUDA out-of-memory error for chunks past 8 voxels, from the second kernel call on: the first
+    chunk's work is kept, the failing chunk runs again in halves, later chunks keep the smaller size, and one
+    warning names it."""
+    real = K._call
+    done = []  # (first voxel, voxels) of each successful call
+    attempts = []
+
+    def failing(st, entry, args):
+        attempts.append(st.num_voxels)
+        if len(attempts) > 1 and st.num_voxels > 8:
+            torch.empty(1 << 16)  # an allocation made before the failure is released with it
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        real(st, entry, args)
+        done.append((args.tissue.data[0], st.num_voxels))
+
+    description = mrf_description(_flips(), 0.01)
+    tissue = _tissue("real")
+    whole = engine.simulate(description, tissue, states=STATES)
+    monkeypatch.setattr(K, "_call", failing)
+    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with blochsim.execution(budget_bytes=16_000):  # at 1000 bytes a voxel: chunks of 16 voxels
+            chunked = engine.simulate(description, tissue, states=STATES)
+    assert torch.equal(chunked, whole)
+    ours = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(ours) == 1 and "chunk of 16 voxels" in str(ours[0].message) \
+        and "chunks of 8 voxels" in str(ours[0].message)
+    base = done[0][0]
+    spans = [((first - base) // 4, n) for first, n in done]
+    assert spans[0] == (0, 16)  # kept, not run again
+    assert sorted(v for lo, n in spans for v in range(lo, lo + n)) == list(range(V))  # every voxel once
+    assert attempts[1] == 16 and attempts[2] == 8
+
+
+def test_out_of_memory_on_one_voxel_is_raised(monkeypatch):
+    def failing(st, entry, args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(K, "_call", failing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        with pytest.raises(torch.cuda.OutOfMemoryError, match="injected"):
+            engine.simulate(mrf_description(_flips(), 0.01), _tissue("real"), states=STATES)
+
+
+# -- progress --------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_tqdm(monkeypatch):
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.done, self.closed = kwargs, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    module = types.ModuleType("tqdm.auto")
+    module.tqdm = Bar
+    monkeypatch.setitem(sys.modules, "tqdm.auto", module)
+    return bars
+
+
+def _chunked_forward(**policy):
+    with blochsim.execution(budget_bytes=TINY, **policy):
+        engine.simulate(mrf_description(_flips(), 0.01), _tissue("real"), states=STATES)
+
+
+def test_progress_switch(fake_tqdm, monkeypatch):
+    _chunked_forward(progress=True)  # forced: shown however short the work and wherever stderr goes
+    assert len(fake_tqdm) == 1
+    bar = fake_tqdm[0]
+    assert bar.kwargs["total"] == V and bar.done == V and bar.closed and "forward" in bar.kwargs["desc"]
+    _chunked_forward(progress=False)
+    monkeypatch.setattr(chunks, "_terminal", lambda: True)
+    monkeypatch.setattr(chunks, "PROGRESS_AFTER_S", 0.0)
+    _chunked_forward(progress=False)
+    assert len(fake_tqdm) == 1
+    _chunked_forward()  # automatic: long (the threshold is 0 here) and on a terminal
+    assert len(fake_tqdm) == 2
+    monkeypatch.setattr(chunks, "PROGRESS_AFTER_S", 3600.0)
+    for _ in range(3):  # a loop of short calls shows nothing
+        _chunked_forward()
+    monkeypatch.setattr(chunks, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(chunks, "_terminal", lambda: False)
+    _chunked_forward()  # stderr not a terminal
+    assert len(fake_tqdm) == 2
+
+
+def test_progress_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # `import` raises ImportError
+    _chunked_forward(progress=True)
+
+
+# -- host scratch ----------------------------------------------------------------------------------
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory read from /proc")
+def test_host_scratch_released_after_a_large_call():
+    """An adjoint whose per-thread scratch is past the library's kept size (8 MiB): 3,000 events with a
+    checkpoint at each (stride 1) of 1024 real orders, 36 MiB. The buffers go when the call returns (the
+    old thread_local kept them: 35 MiB resident after the call)."""
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def gradient(reps: int, states: int) -> None:
+        flips = torch.full((reps,), 0.3, dtype=torch.float64, requires_grad=True)
+        tissue = TissueProperties(t1_ms=torch.tensor([1000.0]), t2_ms=torch.tensor([80.0]))
+        signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=states, checkpoint_stride=1)
+        signal.abs().sum().backward()
+
+    gradient(20, 16)
+    before = resident()
+    gradient(1000, 1024)
+    # 8 MiB: well under one thread's 36 MiB, above what the Python side keeps of a call (under 1 MiB).
+    assert resident() - before < 8 * 2**20
