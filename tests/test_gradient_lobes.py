@@ -37,6 +37,7 @@ from blochsim.sequence import (
     fse_description,
     mrf_description,
 )
+from blochsim.sequence.events import as_float
 from blochsim.sequence.rf import ideal_rf_definition
 
 E, A = SequenceEvent, EventAction
@@ -119,7 +120,7 @@ def spin_echo(layout: str, *, excitation_rad: float, refocusing_rad: float, exci
         else:
             made.append(E.wait(t_us, action))
     made += [E.wait(t * 1e3) for t in plain_waits_ms]
-    made.sort(key=lambda e: float(e.timestamp_us))  # stable: a plain WAIT lands after the events at its time
+    made.sort(key=lambda e: as_float(e.timestamp_us))  # stable: a plain WAIT lands after the events at its time
     description = SequenceDescription(0, TR_MS * 1e3 + late_us, tuple(made), {0: ideal_rf_definition(0)},
                                       crusher_dephasing_rad=CRUSHER_RAD, voxel_size_m=VOXEL_M)
     tr = ms(TR_MS)
