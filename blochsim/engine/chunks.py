@@ -217,8 +217,9 @@ class Runner:
 
     def summed_total(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Total `index` over every chunk, in `dtype`, on the home device (None if no chunk gave one)."""
-        if index in self._whole:
-            return self._whole[index].to(device=self.home, dtype=dtype)
+        whole = self._whole.get(index)
+        if whole is not None:
+            return whole if whole.device == self.home and whole.dtype == dtype else whole.to(self.home, dtype)
         parts = [t for t in self._totals.get(index, ()) if t is not None]
         if not parts:
             return None
@@ -227,15 +228,25 @@ class Runner:
             out = out + t
         return out.to(device=self.home, dtype=dtype)
 
-    def _finish(self, lane: int) -> None:
-        for done, part, pinned in self._pending[lane]:
+    def _finish(self, lane: int, count: int | None = None) -> None:
+        """Complete the first `count` (default: all) host copies waiting on `lane`."""
+        pending = self._pending[lane]
+        count = len(pending) if count is None else count
+        for done, part, pinned in pending[:count]:
             done.synchronize()
             part.copy_(pinned)
-        self._pending[lane].clear()
+        del pending[:count]
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, chunk: int, launch: Callable[[Chunk], None]) -> None:
         """launch(c) for consecutive chunks of at most `chunk` voxels; halves the chunk on CUDA out-of-memory."""
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):  # the library launches on the current device's streams
+                self._run(chunk, launch)
+        else:
+            self._run(chunk, launch)
+
+    def _run(self, chunk: int, launch: Callable[[Chunk], None]) -> None:
         V = self.total
         lanes = self._lane_streams()
         start, count, warned, bar = 0, 0, False, None
@@ -246,10 +257,13 @@ class Runner:
             try:
                 if lanes is not None:
                     with torch.cuda.stream(lanes[lane]):
-                        self._finish(lane)
+                        self._finish(lane)  # the lane's previous chunk: its host copies are done by now
                         self._launch(start, stop, lane, launch)
                 else:
+                    waiting = len(self._pending[0])
                     self._launch(start, stop, lane, launch)
+                    # One stream: this chunk queued behind the last one, whose host copies finish meanwhile.
+                    self._finish(0, waiting)
             except torch.cuda.OutOfMemoryError:
                 if stop - start == 1:
                     raise

@@ -272,7 +272,9 @@ class _Placed:
             interval=None if st.interval is None else st.interval.to(device), device=device)
         if self.stride != st.checkpoint_stride:
             self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride)
-        self.events = [None if x is None else runner.stage(x) for x in inputs[:NUM_EVENT_INPUTS]]
+        self.placed = device == st.device  # inputs used where they are
+        self.events = list(inputs[:NUM_EVENT_INPUTS]) if self.placed else \
+            [None if x is None else runner.stage(x) for x in inputs[:NUM_EVENT_INPUTS]]
 
     def _plan(self, st, entry, per_voxel, scratch) -> int:
         runner = self.runner
@@ -293,6 +295,8 @@ class _Placed:
 
     def inputs(self, piece: chunks.Chunk, inputs) -> list:
         """A chunk's inputs on the run device: the event values as placed, tissue and tables sliced."""
+        if self.placed and piece.count == self.static.num_voxels:
+            return inputs
         return self.events + [piece.voxels(x) for x in inputs[NUM_EVENT_INPUTS:]]
 
     def run(self, launch) -> None:
@@ -302,6 +306,8 @@ class _Placed:
 
 def _chunk_tangents(placed: _Placed, piece: chunks.Chunk, tangents) -> list:
     """A chunk's tangents ([P, *input.shape] per input, or None) on the run device."""
+    if placed.placed and piece.count == placed.static.num_voxels:
+        return tangents
     out = [None if t is None else placed.runner.stage(t) for t in tangents[:NUM_EVENT_INPUTS]]
     return out + [piece.voxels(t, dim=1) for t in tangents[NUM_EVENT_INPUTS:]]
 

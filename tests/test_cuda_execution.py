@@ -1,0 +1,187 @@
+"""Execution placement on a card: chunked against whole, peak memory under a budget, offload of host tensors,
+the out-of-memory retry (skipped without a card and a CUDA build).
+
+Tolerances. Chunks here keep the launch mapping of the whole call (2,000 voxels and chunks of 256: a warp
+per voxel for the adjoints and JVPs, the same value-forward mapping; launch_rules.hpp), so per-voxel
+results repeat the same float32 arithmetic: 1e-6 of the largest entry covers them. Event (protocol)
+gradients are float32 sums over voxels by atomics in the whole call and per chunk, in another order:
+each addition rounds at 6e-8 of the running sum, a random walk of ~3e-6 over 2,000 voxels: 1e-5. Host
+against card: 1e-5 for values, 1e-4 for first derivatives (tests/test_cuda.py's budget).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import blochsim
+from blochsim import engine
+from blochsim.engine import chunks
+from blochsim.engine import kernels as K
+from blochsim.sequence import TissueProperties, mrf_description
+from blochsim.simulators import MRFSimulator
+
+pytestmark = pytest.mark.cuda
+
+
+def _cuda_ready() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from blochsim import _native
+
+        _native.cuda_library()
+    except Exception:
+        return False
+    return True
+
+
+if not _cuda_ready():
+    pytest.skip("needs an NVIDIA GPU and a blochsim CUDA build (BLOCHSIM_CUDA_LIBRARY or blochsim[cuNN])",
+                allow_module_level=True)
+
+CARD = torch.device("cuda")
+STATES = 32
+POOLED = dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0,
+              bound_fraction=0.1, bound_exchange_hz=4.3, t1_bound_ms=1000.0)
+
+
+def _tissue(kind: str, n: int, device) -> TissueProperties:
+    g = torch.Generator().manual_seed(0)
+    t1 = torch.exp(torch.empty(n).uniform_(math.log(200), math.log(3000), generator=g))
+    t2 = torch.minimum(torch.exp(torch.empty(n).uniform_(math.log(10), math.log(300), generator=g)), 0.9 * t1)
+    extra = {"complex": dict(b0_hz=(torch.rand(n, generator=g) * 20 - 10).to(device)), "pooled": POOLED}
+    return TissueProperties(t1_ms=t1.to(device), t2_ms=t2.to(device), **extra.get(kind, {}))
+
+
+def _flips(reps: int, device=CARD) -> torch.Tensor:
+    return torch.deg2rad(torch.linspace(5, 60, reps, dtype=torch.float64)).to(device)
+
+
+def _all_passes(kind: str, n: int, device=CARD, reps: int = 100):
+    """Signal, Jacobian, and (flip, T1) gradients of a gradient and of an HVP, on `device`."""
+    tissue = _tissue(kind, n, device)
+    flips = _flips(reps, device).requires_grad_()
+    t1 = tissue.t1_ms.clone().requires_grad_()
+    tissue = TissueProperties(**{**dict(tissue.items()), "t1_ms": t1})
+    description = mrf_description(flips, 0.01)
+    signal = engine.simulate(description, tissue, states=STATES)
+    g_flip, g_t1 = torch.autograd.grad((signal.abs() ** 2).sum(), (flips, t1), create_graph=True)
+    h_flip, h_t1 = torch.autograd.grad((g_flip * torch.linspace(-1, 1, reps, dtype=g_flip.dtype,
+                                                                device=device)).sum() + g_t1.sum(), (flips, t1))
+    _, jac = engine.jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES)
+    return [signal.detach(), jac.detach(), g_flip.detach(), g_t1.detach(), h_flip, h_t1]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.cpu() - b.cpu()).abs().max() / b.abs().max().cpu().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("kind", ["real", "complex", "pooled"])
+def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
+    whole = _all_passes(kind, 2000)
+    calls = []
+    real = K._call
+
+    def recording(st, entry, args):
+        calls.append(st.num_voxels)
+        real(st, entry, args)
+
+    monkeypatch.setattr(K, "_call", recording)
+    monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None: 256)
+    chunked = _all_passes(kind, 2000)
+    assert calls and max(calls) == 256 and len(calls) >= 6 * 8
+    for name, a, b, tol in zip(("signal", "jacobian", "grad flip", "grad T1", "hvp flip", "hvp T1"), chunked, whole,
+                               (1e-6, 1e-6, 1e-5, 1e-6, 1e-5, 1e-6), strict=True):
+        assert _rel(a, b) <= tol, name
+
+
+def test_peak_memory_under_a_budget():
+    """A real gradient of 20,000 voxels over 500 TRs at 32 orders: the adjoint's scratch at checkpoint stride 4
+    is about 2.8 GB. Under a budget of 128 MiB (and under the default, scratch held to 256 MiB), the backward
+    allocates at most the budget beyond what torch's own backward of the loss holds (the cotangent and its
+    temporaries: three arrays of the signal's size), and gives the gradient of a whole call."""
+    n, reps = 20000, 500
+    tissue = _tissue("real", n, CARD)
+    signal_bytes = n * reps * 8
+
+    def gradient(policy):
+        flips = _flips(reps).requires_grad_()
+        with policy:
+            signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
+        loss = (signal.abs() ** 2).sum()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss.backward()
+        torch.cuda.synchronize()
+        return flips.grad, torch.cuda.max_memory_allocated() - base
+
+    reference, _ = gradient(blochsim.execution(budget_bytes=16 * 2**30))
+    for budget, policy in ((128 * 2**20, blochsim.execution(budget_bytes=128 * 2**20)),
+                           (256 * 2**20, blochsim.execution())):
+        grad, extra = gradient(policy)
+        # 3 signal-sized arrays of torch's loss backward, plus 2 MiB of allocator rounding per array.
+        assert extra <= budget + 3 * signal_bytes + 8 * 2**20, (budget, extra)
+        assert _rel(grad, reference) <= 1e-5
+
+
+def test_offload_host_tensors():
+    """offload() and execution("cuda") run host tensors on the card in chunks; results and gradients come back
+    to the host, within the host-versus-card budget of the host build's own results."""
+    n, reps = 3000, 100
+    tissue = _tissue("pooled", n, "cpu")
+
+    def run(policy):
+        flips = _flips(reps, "cpu").requires_grad_()
+        with policy:
+            signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
+        (signal.abs() ** 2).sum().backward()
+        return signal.detach(), flips.grad
+
+    host = run(blochsim.execution("cpu"))
+    for policy in (blochsim.offload(budget_bytes=16 * 2**20), blochsim.offload(budget_bytes=16 * 2**20, lanes=2),
+                   blochsim.execution("cuda", budget_bytes=16 * 2**20)):
+        signal, grad = run(policy)
+        assert signal.device.type == "cpu" and grad.device.type == "cpu"
+        assert _rel(signal, host[0]) <= 1e-5 and _rel(grad, host[1]) <= 1e-4
+
+
+def test_simulator_execution_setting_on_the_card():
+    flips = torch.linspace(5, 60, 50)
+    t1 = torch.linspace(300, 2000, 4000)
+    sim = MRFSimulator(flip=flips, TR=10.0, states=STATES)
+    host = sim.simulate(T1=t1, T2=60.0)
+    card = sim.simulate(T1=t1, T2=60.0, execution=blochsim.offload(budget_bytes=8 * 2**20))
+    assert card.device.type == "cpu" and _rel(card, host) <= 1e-5
+    back = sim.simulate(T1=t1.to(CARD), T2=60.0, execution="cpu")  # card tensors, host kernels
+    assert back.device.type == "cuda" and _rel(back, host) <= 1e-6
+
+
+def test_out_of_memory_leaves_nothing_allocated(monkeypatch):
+    """An out-of-memory error after a chunk allocated 64 MiB: the retry in halves completes the call, and
+    afterwards the card holds the result and nothing of the failed chunk."""
+    real = K._call
+
+    def failing(st, entry, args):
+        if st.device.type == "cuda" and st.num_voxels > 512:
+            torch.empty(64 * 2**20, dtype=torch.uint8, device=st.device)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        real(st, entry, args)
+
+    tissue = _tissue("real", 2000, CARD)
+    description = mrf_description(_flips(100, "cpu"), 0.01)
+    whole = engine.simulate(description, tissue, states=STATES)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    monkeypatch.setattr(K, "_call", failing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chunked = engine.simulate(description, tissue, states=STATES)
+    torch.cuda.synchronize()
+    assert sum(issubclass(w.category, ResourceWarning) for w in caught) == 1
+    assert torch.cuda.memory_allocated() == base + chunked.numel() * chunked.element_size()
+    assert _rel(chunked, whole) <= 1e-6
