@@ -78,13 +78,13 @@ def case_fn(name: str, n: int, device):
         return lambda: sim.simulate(**values)
     if kind == "grad":
         def grad():
-            f = flips.to(device).requires_grad_()
+            f = flips.to(device, copy=True).requires_grad_()
             (sim.simulate(flip=f, **values).abs() ** 2).sum().backward()
             return f.grad
         return grad
     if kind == "hvp":
         def hvp():
-            f = flips.to(device).requires_grad_()
+            f = flips.to(device, copy=True).requires_grad_()
             _, jac = sim.jacobian(("T1", "T2"), flip=f, **values)
             (jac.abs() ** 2).sum().backward()
             return f.grad

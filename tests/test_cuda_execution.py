@@ -93,7 +93,8 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
     monkeypatch.setattr(K, "_call", recording)
     monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None: 256)
     chunked = _all_passes(kind, 2000)
-    assert calls and max(calls) == 256 and len(calls) >= 6 * 8
+    # 8 chunks each: the forward, the VJP, the HVP's VJP-JVP and the VJP its cotangent's derivative takes, the JVP.
+    assert calls and max(calls) == 256 and len(calls) >= 5 * 8
     for name, a, b, tol in zip(("signal", "jacobian", "grad flip", "grad T1", "hvp flip", "hvp T1"), chunked, whole,
                                (1e-6, 1e-6, 1e-5, 1e-6, 1e-5, 1e-6), strict=True):
         assert _rel(a, b) <= tol, name

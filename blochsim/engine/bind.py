@@ -144,7 +144,7 @@ class AffineValues:
     block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`.
     """
 
-    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale")
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale", "moved")
 
     def __init__(self, rows, cols, coef, offset, sizes):
         self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
@@ -153,6 +153,12 @@ class AffineValues:
         uniform = coef.numel() > 0 and bool((coef == coef[0]).all())
         in_order = torch.equal(cols, torch.arange(cols.numel(), dtype=cols.dtype))
         self.scale = float(coef[0]) if uniform and in_order else None
+        # Per block, whether any protocol entry moves it: the others come back detached, as the constants they
+        # are (durations when only flips are tensors), so that nothing downstream differentiates them (pool
+        # tables would be built per event with a graph instead of once per distinct interval).
+        starts = np.cumsum((0,) + self.sizes[:-1]).tolist()
+        self.moved = tuple(bool(((rows >= lo) & (rows < lo + n)).any())
+                           for lo, n in zip(starts, self.sizes, strict=True))
 
     @classmethod
     def fit(cls, blocks: tuple, leaves: list, p: torch.Tensor, *, max_entries: int = 1 << 26):
@@ -209,7 +215,8 @@ class AffineValues:
             if wrap_last and self.wrapped is False:
                 last = flat.numel() - self.sizes[-1]
                 flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
-        return (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
+        blocks = (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
+        return tuple(b if moved else b.detach() for b, moved in zip(blocks, self.moved, strict=True))
 
     def matches(self, p: torch.Tensor, blocks: tuple) -> bool:
         """Whether `A p + b` reproduces `blocks` (values walked at `p`) to float32 rounding.
