@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -196,12 +197,13 @@ class SpinPhysics:
 class _Entry:
     """One structure: its program, and the values as an affine map of the protocol once resolved."""
 
-    __slots__ = ("program", "windings", "p_ref", "values_ref", "affine", "verified", "state", "keep")
+    __slots__ = ("program", "windings", "p_ref", "values_ref", "affine", "verified", "state", "keep", "seen")
 
     def __init__(self, program, windings, p, values, keep):
         self.program, self.windings, self.keep = program, windings, keep
         self.p_ref, self.values_ref = p.detach().clone(), tuple(v.detach() for v in values)
         self.affine, self.verified, self.state = None, False, "seen"
+        self.seen = ()  # `_versions` of the protocol tensors p_ref was read from
 
 
 class _Cache:
@@ -480,7 +482,7 @@ class Simulator:
         merged, _, settings, _ = self._gather(protocol, ".describe()")
         args = self._convert_protocol(merged)
         self._check_required(args)
-        return self._compose(args, settings)
+        return self._compose(on_host(args), settings)
 
     def _compose(self, args: dict, settings: dict) -> SequenceDescription:
         _check_protocol(args, self.structural, finite=True)  # those on a GPU too, now on the host
@@ -755,18 +757,21 @@ class Simulator:
         if double and device.type != "cpu":
             raise ValueError(f"dtype={settings['dtype']} runs the float64 kernels, which only the host build has "
                              f"(the CUDA kernels take float32); run on the CPU (device='cpu') or leave dtype unset")
-        dtype = torch.float64 if double or auto else torch.float32
+        # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 only, and there
+        # it plays the train until the transient has died out (engine.steady).
+        dtype = torch.float64 if double or (auto and device.type == "cpu") else torch.float32
         packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
         try:
             program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
-                                                               complex_states, dtype)
+                                                               complex_states, dtype, device)
         except TrainAxisError as trains:
             signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, complex_states,
                                            packed, fields, jacobian, dtype, double)
         else:
             if auto:
-                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, keep_double=double)
+                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, dtype=dtype,
+                                              keep_double=double)
             else:
                 signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
         if home != device:  # results return to the tissue tensors' device
@@ -787,16 +792,18 @@ class Simulator:
             program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
             if repetitions == "auto":
                 runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
-                                            keep_double=double))
+                                            dtype=dtype, keep_double=double))
             else:
                 runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
         return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])
 
-    def _program(self, protocol, settings, states, repetitions, record, complex_states, dtype=torch.float64):
+    def _program(self, protocol, settings, states, repetitions, record, complex_states, dtype=torch.float64,
+                 device=None):
         """(program, values, windings, wrapped) for a call: cached and resolved where possible (docs/design.md).
 
-        Resolved values come in `dtype` with their phases wrapped (`wrapped` True); walked values are the
-        program's own float64 arrays.
+        Resolved values come in `dtype` with their phases wrapped (`wrapped` True), on the device of the
+        protocol vector (`_protocol_vector`: the CPU, or `device`, where the work runs, when a protocol
+        tensor is elsewhere); walked values are the program's own float64 arrays, on the CPU.
         """
         if self._stored is not None:
             key = ("stored", states, repetitions, record, complex_states)
@@ -811,21 +818,24 @@ class Simulator:
             return entry.program, entry.values_ref, entry.windings, False
 
         args, key, leaves = self._layout_args(protocol)
-        key = (tuple(key), states, repetitions, record, complex_states, id(settings.get("pulse")),
-               id(settings.get("shims")))
         if not self._resolve:
             program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
             return program, values_of(program), windings, False
-        p = leaves[0].reshape(-1) if len(leaves) == 1 else (
-            torch.cat([x.reshape(-1) for x in leaves]) if leaves else torch.zeros(0, dtype=torch.float64))
+        p = _protocol_vector(leaves, device)
+        key = (tuple(key), states, repetitions, record, complex_states, id(settings.get("pulse")),
+               id(settings.get("shims")), p.device)
         entry = self._cache.get(key)
         if entry is None:
             program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
             values = values_of(program)
-            self._cache.put(key, _Entry(program, windings, p, values, [settings.get("pulse"), settings.get("shims")]))
+            entry = _Entry(program, windings, p, values, [settings.get("pulse"), settings.get("shims")])
+            entry.seen = _versions(leaves)
+            self._cache.put(key, entry)
             return program, values, windings, False
         if entry.state == "resolved":
-            if entry.verified or torch.equal(p.detach(), entry.p_ref):
+            # The same tensors, unchanged, hold the same values: on a GPU no comparison (a wait for the card).
+            same = not p.is_cpu and _unchanged(entry.seen, leaves)
+            if entry.verified or same or torch.equal(p.detach(), entry.p_ref):
                 return entry.program, entry.affine(p, dtype, wrap_last=True), entry.windings, True
             return self._verify(entry, p, args, settings, states, repetitions, record, complex_states) + (False,)
         if entry.state == "seen":
@@ -840,7 +850,7 @@ class Simulator:
         """Second sight of a structure: fit `values = A p + b`, check it, and cache it. None if it fails."""
         if torch._C._functorch.peek_interpreter_stack() is not None:
             return None  # the fit needs autograd, which torch.func transforms forbid: resolve on a later call
-        copies = [x.detach().requires_grad_() for x in leaves]
+        copies = [x.detach().cpu().requires_grad_() for x in leaves]  # the layout and the fit work on the host
         lookup = {id(x): c for x, c in zip(leaves, copies, strict=True)}
         probe = {name: lookup.get(id(value), value) for name, value in args.items()}
         entry.state = "walk"  # unless everything below succeeds
@@ -848,7 +858,7 @@ class Simulator:
             with torch.enable_grad():
                 program, windings = self._walk(probe, settings, states, repetitions, record, complex_states)
                 blocks = values_of(program)
-                affine = AffineValues.fit(blocks, copies, p.detach())
+                affine = AffineValues.fit(blocks, copies, p.detach().cpu())
         except Exception:  # a layout that cannot be walked with tensors requiring grad (e.g. .numpy())
             return None
         if affine is None or _structure(program)[:3] != _structure(entry.program)[:3]:
@@ -859,7 +869,7 @@ class Simulator:
             return None
         entry.program, entry.windings, entry.affine = program, windings, affine
         entry.verified = (not same_p and same_path) or p.numel() == 0
-        entry.p_ref, entry.state = p.detach().clone(), "resolved"
+        entry.p_ref, entry.state, entry.seen = p.detach().clone(), "resolved", _versions(leaves)
         return program, affine(p, dtype, wrap_last=True), windings, True
 
     def _verify(self, entry, p, args, settings, states, repetitions, record, complex_states):
@@ -903,7 +913,7 @@ class Simulator:
 
     def _walk(self, args, settings, states, repetitions, record, complex_states):
         """Lay out (or take the stored description) and compile: (program, windings per repetition)."""
-        description = self._stored if args is None else self._compose(args, settings)
+        description = self._stored if args is None else self._compose(on_host(args), settings)
         return self._compiled(description, args, states, repetitions, record, complex_states)
 
     def _compiled(self, description, args, states, repetitions, record, complex_states):
@@ -944,6 +954,38 @@ class Simulator:
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+def on_host(args: dict) -> dict:
+    """A protocol with its tensors on the CPU, for `layout()` and the compiler, which build their event
+    tables on the host: a protocol tensor on a GPU is copied over once per walk, and autograd carries its
+    gradient back to it. The kernels then run where the tissue is (API.md 1.3)."""
+    if all(not isinstance(v, torch.Tensor) or v.is_cpu for v in args.values()):
+        return args
+    return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in args.items()}
+
+
+def _protocol_vector(leaves: list, device) -> torch.Tensor:
+    """The protocol tensors flattened into one float64 vector `p`, whose affine map gives a resolved call's
+    values. On the CPU when every tensor is there; otherwise on `device`, where the work runs, so that a
+    protocol already on the GPU with the tissue is mapped there, with no copy and no wait for the card."""
+    if not leaves:
+        return torch.zeros(0, dtype=torch.float64)
+    if not all(x.is_cpu for x in leaves):
+        device = device if device is not None else next(x.device for x in leaves if not x.is_cpu)
+        leaves = [x.to(device) for x in leaves]
+    return leaves[0].reshape(-1) if len(leaves) == 1 else torch.cat([x.reshape(-1) for x in leaves])
+
+
+def _versions(leaves: list) -> tuple:
+    """(weak reference, version counter) of each protocol tensor."""
+    return tuple((weakref.ref(x), x._version) for x in leaves)
+
+
+def _unchanged(seen: tuple, leaves: list) -> bool:
+    """Whether `leaves` are the very tensors of `seen`, none changed in place since."""
+    return len(seen) == len(leaves) and all(
+        ref() is x and x._version == version for (ref, version), x in zip(seen, leaves, strict=True))
+
+
 _SLOT_OF_USE = {RfUse.REFOCUSING: "refocusing", RfUse.INVERSION: "inversion", RfUse.SATURATION: "saturation",
                 RfUse.PREPARATION: "preparation", RfUse.OTHER: "other"}
 

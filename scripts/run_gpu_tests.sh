@@ -19,7 +19,9 @@ export BLOCHSIM_CUDA_LIBRARY=$libs/libblochsim_cuda.so
 export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-python3 -X faulthandler -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
+# Every cuda-marked test of the suite (tests/test_cuda.py, test_cuda_api.py, and those in other files); the
+# tail shows test_cuda_api.py's summary of the issue-28 findings.
+python3 -X faulthandler -m pytest -q -m cuda tests -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -30
 if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     # racecheck instruments every shuffle of the warp kernels: it ran past 8 minutes on the H200 (2026-12-02).

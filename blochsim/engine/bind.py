@@ -141,14 +141,16 @@ class AffineValues:
     """Program values as an affine function of the flattened protocol `p` (float64): `A p + b`.
 
     `A` is kept sparse as (rows, cols, coef) into the concatenation of the value blocks; `sizes` are the
-    block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`.
+    block lengths. Calling it returns the blocks as float64 tensors, differentiable with respect to `p`,
+    on the device of `p` (the map is fitted on the host and moved to another device once).
     """
 
-    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale", "moved")
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale", "moved", "placed")
 
     def __init__(self, rows, cols, coef, offset, sizes):
         self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
         self.wrapped = None  # the offset with its constant last block wrapped, False if that block varies
+        self.placed = {}  # device -> (the `wrapped` it was made with, the map's tensors on that device)
         # Each protocol entry in order, times one factor (flips in degrees): one index_add, not three ops.
         uniform = coef.numel() > 0 and bool((coef == coef[0]).all())
         in_order = torch.equal(cols, torch.arange(cols.numel(), dtype=cols.dtype))
@@ -201,22 +203,35 @@ class AffineValues:
         `wrap_last` reduces the last block (the phases) modulo 2 pi before narrowing; a constant last
         block is wrapped once, here, instead of on every call.
         """
-        flat = self.offset
         if wrap_last and self.wrapped is None:
+            flat = self.offset
             last = flat.numel() - self.sizes[-1]
             constant = self.rows.numel() == 0 or bool((self.rows < last).all())
             self.wrapped = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)]) if constant else False
+        rows, cols, coef, flat, wrapped = self._on(p.device)
         if wrap_last and self.wrapped is not False:
-            flat = self.wrapped
-        if self.scale is not None and p.numel() == self.cols.numel():
-            flat = flat.index_add(0, self.rows, p, alpha=self.scale)
-        elif self.rows.numel():
-            flat = flat.index_add(0, self.rows, self.coef * p.index_select(0, self.cols))
+            flat = wrapped
+        if self.scale is not None and p.numel() == cols.numel():
+            flat = flat.index_add(0, rows, p, alpha=self.scale)
+        elif rows.numel():
+            flat = flat.index_add(0, rows, coef * p.index_select(0, cols))
             if wrap_last and self.wrapped is False:
                 last = flat.numel() - self.sizes[-1]
                 flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
         blocks = (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
         return tuple(b if moved else b.detach() for b, moved in zip(blocks, self.moved, strict=True))
+
+    def _on(self, device: torch.device) -> tuple:
+        """(rows, cols, coef, offset, wrapped) on `device`, moved once per device: a protocol on a GPU is
+        mapped there with no copy from the host per call."""
+        own = (self.rows, self.cols, self.coef, self.offset, self.wrapped)
+        if device.type == "cpu":
+            return own
+        hit = self.placed.get(device)
+        if hit is None or hit[0] is not self.wrapped:
+            hit = self.placed[device] = (self.wrapped, tuple(t.to(device) if isinstance(t, torch.Tensor) else t
+                                                             for t in own))
+        return hit[1]
 
     def matches(self, p: torch.Tensor, blocks: tuple) -> bool:
         """Whether `A p + b` reproduces `blocks` (values walked at `p`) to float32 rounding.
@@ -227,7 +242,7 @@ class AffineValues:
         actual = torch.cat([b.detach().reshape(-1) for b in blocks])
         if actual.numel() != self.offset.numel():
             return False
-        predicted = torch.cat(self(p.detach()))
+        predicted = torch.cat(self(p.detach().to(actual.device)))  # the walked values are on the host
         scale = float(actual.abs().max()) if actual.numel() else 0.0
         return bool(((predicted - actual).abs() <= 1e-6 * actual.abs() + 1e-9 * scale + 1e-15).all())
 

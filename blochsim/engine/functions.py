@@ -104,7 +104,8 @@ class EpgSimulate(torch.autograd.Function):
         inputs = ctx.saved_tensors
         tangents = [_as_tangent(t, x) for t, x in zip(tangents, inputs, strict=True)]
         if all(t is None for t in tangents):
-            return torch.zeros((ctx.static.num_voxels, ctx.static.num_samples), dtype=K._complex(ctx.static.dtype))
+            return torch.zeros((ctx.static.num_voxels, ctx.static.num_samples), dtype=K._complex(ctx.static.dtype),
+                               device=ctx.static.device)
         if any(t is not None and holds_batch(t) for t in tangents):
             # A batch of tangents (torch.func.jacfwd): EpgJacobian's vmap rule loops over it.
             return EpgJacobian.apply(ctx.static, len(inputs), *inputs, *tangents)[1][0]

@@ -75,16 +75,17 @@ def interval_rows(dt_s: torch.Tensor, dt_wrap_s: torch.Tensor, interval_events, 
     very tensor it came from; otherwise equal lengths share a row.
     """
     E = dt_s.numel()
-    candidates = torch.cat([dt_s, dt_wrap_s])
+    candidates = torch.cat([dt_s, dt_wrap_s.to(dt_s.device)])
+    device = candidates.device  # the host, or the device the values were mapped on (model._protocol_vector)
     if candidates.requires_grad:
-        rows = torch.arange(E + 1, dtype=torch.int32)
+        rows = torch.arange(E + 1, dtype=torch.int32, device=device)
         return candidates, rows[:E].contiguous(), E
     # Timestamps accumulate in float64, so equal intervals can differ in their last bits: group lengths
     # to the nanosecond (far below any scanner's raster) and use each group's first member.
     ticks = torch.round(candidates.detach() * 1e9).to(torch.int64)
     keys, inverse = torch.unique(ticks, return_inverse=True)
-    first = torch.full((keys.numel(),), E + 1, dtype=torch.int64).scatter_reduce(
-        0, inverse, torch.arange(E + 1), reduce="amin")
+    first = torch.full((keys.numel(),), E + 1, dtype=torch.int64, device=device).scatter_reduce(
+        0, inverse, torch.arange(E + 1, device=device), reduce="amin")
     values = candidates.detach()[first]
     inverse = inverse.to(torch.int32)
     return values, inverse[:E].contiguous(), int(inverse[E])

@@ -424,7 +424,9 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
     samples, scale, extra = list(layout.samples), layout.scale, layout.extra
 
     dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
-    tr_us = torch.as_tensor(description.tr_duration_us, dtype=torch.float64).reshape(1)
+    tr_us = description.tr_duration_us  # on the host with the columns (a protocol on a GPU: copied, differentiable)
+    tr_us = (tr_us.to(device=t_us.device, dtype=torch.float64) if isinstance(tr_us, torch.Tensor)
+             else torch.tensor(float(tr_us), dtype=torch.float64)).reshape(1)
     dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
     if states is None:  # API.md 2.1, as engine.default_states counts it
         states = max(8, min(64, 1 + repetitions * _count_windings(action)))

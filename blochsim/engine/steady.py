@@ -17,20 +17,38 @@ table ill-conditioned (the error grows like rounding / (1 - lambda)^k), while la
 the strided sequence just as well. Playings run in float64 and the limit is narrowed to the caller's
 dtype. Everything is torch arithmetic on the kernels' outputs, so the limit is differentiable like a
 simulation: reverse mode, and the Jacobian carried through the table by forward-mode arithmetic.
+
+The CUDA build runs float32 only, where the table cannot work: its terms carry float32 round-off
+(~1e-7 of M0) that the extrapolation amplifies by ~1/(1 - lambda)^k. There the train is simply played
+until the transient has died out (`play_to_steady_state`): every mode decays at least as fast as the
+slowest relaxation time allows (rotations, shifts, spoiling and truncation do not grow a state, and
+relaxation shrinks it by e^-t/T over a time t), so after `SETTLE_TIME_CONSTANTS` of the slowest relaxation
+time the transient is at most e^-20 = 2e-9 of its start (a few M0 at most) and its derivative along a
+relaxation time 20 e^-20 = 4e-8: the result is that of explicit repetitions, float32 round-off and all,
+and its derivatives are the kernels' own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
+from .. import _native as nat
+from .._arrays import differentiated
 from .bind import run, unroll
 
-__all__ = ["wynn", "steady_state", "stride_for", "simulate_steady", "WINDING_PLAYINGS"]
+__all__ = ["wynn", "steady_state", "stride_for", "simulate_steady", "play_to_steady_state", "WINDING_PLAYINGS",
+           "SETTLE_TIME_CONSTANTS"]
 
 #: Playings tried for winding trains, in order, until the extrapolation settles.
 WINDING_PLAYINGS = (9, 17, 33, 65)
+
+#: float32 steady state (`play_to_steady_state`): the train plays for this many of the slowest relaxation time,
+#: after which the transient is at most e^-20 = 2e-9 of its start and its derivative along a relaxation time
+#: 20 e^-20 = 4e-8 of it: both far under float32 round-off.
+SETTLE_TIME_CONSTANTS = 20
 
 #: Differences below this fraction of a sample's scale count as converged (float64 kernels round at
 #: ~1e-13 of the scale over a few thousand events; above 1e-11 a difference carries >= 2 digits).
@@ -117,14 +135,17 @@ def _present(value) -> bool:
 
 
 def simulate_steady(program, values: tuple, windings: int, packed, fields: dict, jacobian=(), *,
-                    keep_double: bool = False):
+                    dtype: torch.dtype = torch.float64, keep_double: bool = False):
     """The steady state of `program` (compiled for one playing) on tissue `fields`.
 
-    `packed` is `bind.pack_fields(fields, dtype=torch.float64, active=jacobian)` (None for pooled
-    tissue); `windings` the shifts per playing (0: the exact fixed point). Returns (signal complex64
-    [*voxel, S], J complex64 [*voxel, P, S] or None); complex128 with `keep_double` (a caller that asked
-    for float64 results).
+    `packed` is `bind.pack_fields(fields, dtype=dtype, active=jacobian)` (None for pooled tissue);
+    `windings` the shifts per playing (0: the exact fixed point). `dtype` float64 extrapolates float64
+    playings (the host build); float32, the only precision of the CUDA build, plays the train until it
+    has settled (`play_to_steady_state`). Returns (signal complex64 [*voxel, S], J complex64 [*voxel, P, S]
+    or None); complex128 with `keep_double` (a caller that asked for float64 results, float64 playings).
     """
+    if dtype != torch.float64:
+        return play_to_steady_state(program, values, packed, fields, jacobian, dtype=dtype)
     dt, dt_wrap = values[0].detach(), values[1].detach()
     playing_s = float(dt.sum() - dt[0] + dt_wrap[0])
     times = [torch.as_tensor(value).detach() for name, value in fields.items()
@@ -149,3 +170,46 @@ def simulate_steady(program, values: tuple, windings: int, packed, fields: dict,
     limit, dlimit = steady_state(play, modes=modes)
     out = torch.complex128 if keep_double else torch.complex64
     return limit.to(out), None if dlimit is None else dlimit.movedim(0, -2).to(out)
+
+
+def _relaxation_times_ms(fields: dict) -> list:
+    """The relaxation times of the pools `fields` has (tensors or numbers, ms): free water's T1 and T2, each
+    exchanging pool's, and the semisolid pool's T1 (its T2 shapes the saturation line, it does not decay)."""
+    names = ["t1_ms", "t2_ms"]
+    for letter in "bcde":
+        if f"pool_{letter}_fraction" in fields and _present(fields[f"pool_{letter}_fraction"]):
+            names += [f"t1_pool_{letter}_ms", f"t2_pool_{letter}_ms"]
+    if "bound_fraction" in fields and _present(fields["bound_fraction"]):
+        names.append("t1_bound_ms")
+    return [fields[name] for name in names if name in fields]
+
+
+def play_to_steady_state(program, values: tuple, packed, fields: dict, jacobian=(), *, dtype=torch.float32):
+    """The steady state of `program` (compiled for one playing) by playing it until the transient has died
+    out: `SETTLE_TIME_CONSTANTS` of the slowest relaxation time of `fields`, in whole playings, then the
+    last playing's samples (see the module doc). Returns `run`'s (signal [*voxel, S], J [*voxel, P, S] or
+    None), differentiable as any run.
+
+    Raises ValueError when no number of playings settles: an infinite relaxation time, or a playing of
+    zero duration. Costs one host read of the playing's duration and the longest relaxation time.
+    """
+    dt, dt_wrap = values[0].detach(), values[1].detach()
+    times = [torch.as_tensor(t).detach() for t in _relaxation_times_ms(fields)]
+    longest = [t.max().to(device=dt.device, dtype=torch.float64) for t in times if t.numel()]
+    zero = dt.new_zeros((), dtype=torch.float64)  # no voxels: nothing to wait for
+    playing_s, slowest_ms, wrap_s = torch.stack([(dt.sum() - dt[0] + dt_wrap[0]).to(torch.float64),
+                                                 torch.stack(longest).max() if longest else zero,
+                                                 dt_wrap[0].to(torch.float64)]).tolist()  # the one host read
+    if not math.isfinite(slowest_ms):
+        raise ValueError("repetitions='auto' on a CUDA device plays the train until its transient has died out, "
+                         f"for {SETTLE_TIME_CONSTANTS} times the longest relaxation time; an infinite relaxation "
+                         "time (T1, T2, or a pool's) never lets it: give finite relaxation times, or run the steady "
+                         "state on the host (device='cpu'), which extrapolates it")
+    if not playing_s > 0:
+        raise ValueError(f"repetitions='auto' needs a repetition that lasts; this one lasts {playing_s} s")
+    playings = max(1, math.ceil(SETTLE_TIME_CONSTANTS * slowest_ms * 1e-3 / playing_s))
+    action = program.action.copy()
+    if playings > 1 and (wrap_s != 0 or differentiated(values[1])):  # the wait between playings
+        action[0] |= nat.INTERVAL
+    played = dataclasses.replace(program, action=action, num_repetitions=playings, bound={})
+    return run(played, values, packed, fields, dtype=dtype, jacobian=jacobian)

@@ -105,23 +105,26 @@ def _durations(shots: _Shots) -> list | None:
     detached = source.detach()
     if not bool((torch.isfinite(detached) & (detached >= 0)).all()):
         return None
-    if source.dtype == torch.float64:
+    # `_time_s` widens each duration, and the compiler works on the host: once here for the whole train (a
+    # GPU tensor is copied once; autograd carries the gradients of the timestamps back to it).
+    wide = source.to("cpu", torch.float64)
+    if wide is source:
         return shots.entries()
-    wide = source.to(torch.float64)  # `_time_s` widens each duration; once here
     return [wide] * shots.count if source.dim() == 0 else list(wide.unbind(-1))
 
 
-def _timeline(steps: list) -> tuple[list, tuple | None, Any]:
+def _timeline(steps: list) -> tuple[list, tuple, Any]:
     """The moments `t[0] = 0.0`, `t[k + 1] = t[k] + steps[k]` (s) of a train laid out from 0 s.
 
     Returns the moments in us (`t[k] * 1e6`, the timestamps of the events played at
     them); the same as one float64 vector with a bool array of which carry a
-    derivative (None where a step is off the CPU); and the last moment in s. The
-    durations are added one by one, as `compose` adds them, so each moment has the
-    value and type the operators give it: a float until the first tensor step, then a
-    0-d float64 tensor, which carries a derivative (reverse or forward mode) from the
-    first step that does.
+    derivative; and the last moment in s. The durations are added one by one, as
+    `compose` adds them, so each moment has the value and type the operators give it:
+    a float until the first tensor step, then a 0-d float64 tensor, which carries a
+    derivative (reverse or forward mode) from the first step that does. A step on a
+    GPU is copied to the host, where the compiler works (autograd reaches it).
     """
+    steps = [step.cpu() if isinstance(step, torch.Tensor) and not step.is_cpu else step for step in steps]
     first = len(steps) if set(map(type, steps)) <= {float} else next(
         k for k, step in enumerate(steps) if isinstance(step, torch.Tensor))
     moments = np.cumsum(np.array([0.0] + steps[:first], dtype=np.float64))  # one by one, in order: `t += step`
@@ -130,11 +133,6 @@ def _timeline(steps: list) -> tuple[list, tuple | None, Any]:
     rest = steps[first:]
     if not rest:
         return stamps, (floats, np.zeros(len(stamps), dtype=bool)), t
-    if not all(step.is_cpu for step in rest if isinstance(step, torch.Tensor)):
-        for step in rest:  # the operators' sums, one tensor at a time
-            t = t + step
-            stamps.append(t * 1e6)
-        return stamps, None, t
     # Cumulative sums: on the CPU they add one by one, in order, so each moment is the sum the operators
     # make (test_builders_speed holds them to it), in one call that autograd sees through. The steps
     # before the first one with a derivative are summed apart, so the moments before it carry none.
@@ -189,13 +187,14 @@ def _later(make: Callable[[], list]) -> Callable[[], tuple] | tuple:
 
 
 def _shot_values(source: Any, count: int) -> torch.Tensor | None:
-    """The per-shot values of `source` as one float64 vector [count], each widened as the compiler widens
-    an event's value; None for a train axis, or a tensor off the CPU or made in inference mode."""
+    """The per-shot values of `source` as one float64 vector [count] on the host, each widened as the compiler
+    widens an event's value (a GPU tensor is copied over once; autograd reaches it); None for a train axis,
+    or a tensor made in inference mode."""
     if not isinstance(source, torch.Tensor):
         return torch.full((count,), source, dtype=torch.float64)
-    if source.dim() > 1 or not source.is_cpu or source.is_inference():
+    if source.dim() > 1 or source.is_inference():
         return None
-    wide = source.to(torch.float64)
+    wide = source.to("cpu", torch.float64)
     return wide.expand(count) if wide.dim() == 0 else wide
 
 

@@ -107,23 +107,41 @@ def _f64(value) -> torch.Tensor:
 
 
 def vector(items: list) -> torch.Tensor:
-    """Numbers and one-entry tensors as one float64 vector, keeping autograd links (one stack, not one op
-    each). Raises `_PerTrain` at a tensor of more than one entry."""
+    """Numbers and one-entry tensors as one float64 vector on the host, keeping autograd links (one stack,
+    not one op each). Raises `_PerTrain` at a tensor of more than one entry.
+
+    The compiler works on the host: tensors on another device (a protocol on a GPU) are stacked there
+    and copied over once per device, not once per event, and autograd carries their gradients back.
+    """
     where = [i for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
     if not where:
         return torch.tensor(items, dtype=torch.float64)
+    stacked = _stack_on_host([items[i] for i in where])
     if len(where) == len(items):
-        return torch.stack([_f64(v) for v in items])
+        return stacked
     base = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in items], dtype=torch.float64)
-    return base.index_put((torch.tensor(where),), torch.stack([_f64(items[i]) for i in where]))
+    return base.index_put((torch.tensor(where),), stacked)
 
 
-def _frequency(x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise _PerTrain
-        return float(x.detach())
-    return float(x)
+def _stack_on_host(tensors: list) -> torch.Tensor:
+    """One-entry tensors as one float64 CPU vector, in order: one stack and one copy per device."""
+    devices = {t.device for t in tensors}
+    if len(devices) == 1:
+        stacked = torch.stack([_f64(t) for t in tensors])
+        return stacked if stacked.is_cpu else stacked.cpu()
+    groups = {device: [k for k, t in enumerate(tensors) if t.device == device] for device in devices}
+    order = [k for ks in groups.values() for k in ks]
+    parts = [torch.stack([_f64(tensors[k]) for k in ks]).cpu() for ks in groups.values()]
+    place = torch.empty(len(order), dtype=torch.long)
+    place[torch.tensor(order)] = torch.arange(len(order))
+    return torch.cat(parts).index_select(0, place)
+
+
+def _frequencies(values: list) -> np.ndarray:
+    """The RF frequency offsets (Hz) of the events, structure: read without autograd, in one copy."""
+    if all(type(x) is float for x in values):
+        return np.array(values, dtype=np.float64)
+    return np.asarray(vector(values).detach().tolist(), dtype=np.float64)  # tolist: also under torch.func
 
 
 _RF, _ADC = EventType.RF, EventType.ADC
@@ -139,7 +157,7 @@ def walk(events) -> EventColumns | None:
     definition_id = np.full(n, -1, dtype=np.int64)
     adc_role = np.zeros(n, dtype=np.int8)
     is_echo = np.zeros(n, dtype=bool)
-    frequency_hz = np.zeros(n, dtype=np.float64)
+    frequencies = [0.0] * n
     timestamp_differentiated = np.zeros(n, dtype=bool)
     times, amplitudes, phases = [], [0.0] * n, [0.0] * n
     rf_phase_differentiated = False
@@ -154,11 +172,12 @@ def walk(events) -> EventColumns | None:
                     inversion[i] = True
                     continue
                 definition_id[i] = params[0]
-                amplitudes[i], phases[i], frequency_hz[i] = params[2], params[3], _frequency(params[4])
+                amplitudes[i], phases[i], frequencies[i] = params[2], params[3], params[4]
                 rf_phase_differentiated = rf_phase_differentiated or differentiated(params[3])
             elif event.type is _ADC:
                 adc_role[i], phases[i], is_echo[i] = params[0], params[1], bool(params[2])
         times, amplitudes, phases = vector(times), vector(amplitudes), vector(phases)
+        frequency_hz = _frequencies(frequencies)
     except _PerTrain:
         return None
     return EventColumns(kind, action, inversion, definition_id, adc_role, is_echo, frequency_hz, times,

@@ -22,6 +22,7 @@ from ..engine.bind import needs_complex as _needs_complex
 from ..engine.program import check_shims, check_states, default_states, shifts_per_repetition, split_trains
 from ..engine.steady import simulate_steady
 from ..engine.vmap import loop_under_vmap
+from .columns import vector
 from .description import SequenceDescription
 from .tissue import TissueProperties
 
@@ -161,7 +162,9 @@ class EpgEngine:
         if device is not None and torch.device(device) != home:
             fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(v, device=device)
                       for k, v in fields.items()}
-        dtype = torch.float64 if events.repetitions == "auto" else torch.float32
+        work = home if device is None else torch.device(device)
+        # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 (engine.steady).
+        dtype = torch.float64 if events.repetitions == "auto" and work.type == "cpu" else torch.float32
         packed = pack_fields(fields, dtype=dtype, device=None if device is None else torch.device(device))
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
         runs = [_play(part, complex_states, packed, fields, dtype) for part in events.trains or (events,)]
@@ -174,7 +177,8 @@ def _play(events: PackedDescription, complex_states: bool, packed, fields: dict,
     program = events.program(complex_states)
     values = values_of(program)
     if events.repetitions == "auto":
-        signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields)
+        signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields,
+                                    dtype=dtype)
     elif events.record_every:
         program, values = unroll(program, values, events.repetitions)
         signal, _ = run(program, values, packed, fields, dtype=dtype)
@@ -193,8 +197,7 @@ def _labelled(signal, program, events: PackedDescription) -> SimulationResult:
         if per_playing and k % per_playing == 0:
             count = 0
         event = adc[i]
-        stamp = event.timestamp_us
-        times.append(float(stamp.detach()) if isinstance(stamp, torch.Tensor) else float(stamp))
+        times.append(event.timestamp_us)
         echo.append(bool(event.is_echo))
         echo_index.append(count if event.is_echo else -1)
         count += bool(event.is_echo)
@@ -204,7 +207,7 @@ def _labelled(signal, program, events: PackedDescription) -> SimulationResult:
             repetition.append(0 if events.repetitions == "auto" else events.repetitions - 1)
     return SimulationResult(
         signal=signal,
-        time_us=torch.tensor(times, dtype=torch.float64),
+        time_us=vector(times).detach(),  # one copy to the host for timestamps on a GPU, not one per sample
         event_index=torch.tensor(index, dtype=torch.int64),
         repetition=torch.tensor(repetition, dtype=torch.int64),
         echo=torch.tensor(echo, dtype=torch.bool),

@@ -305,6 +305,11 @@ def SampledPulse(waveform_rad_per_s, dwell_s, *, phase_rad=0.0, offset_hz=0.0, d
     if as_float(dwell) <= 0:
         raise ValueError(f"dwell_s must be > 0 s, got {dwell_s!r}")
     phase, offset = _train_values("phase_rad", phase_rad, w.device), _train_values("offset_hz", offset_hz, w.device)
+    # The arithmetic below on one device: that of any value given off the CPU (a waveform on the host with
+    # offsets on a GPU, or the reverse). The compiler copies the events' values to the host, once per train.
+    device = next((t.device for t in (w, phase, offset, dwell) if isinstance(t, torch.Tensor) and not t.is_cpu),
+                  w.device)
+    w, phase, offset = (t.to(device) for t in (w, phase, offset))
     if offset.numel() > 1 and _index("definition_id", definition_id) != 0:
         raise ValueError(f"definition_id must be 0 when offset_hz has more than one entry (got {offset.numel()} "
                          f"offsets and definition_id={definition_id!r}): a shaped definition takes one offset")
@@ -314,7 +319,7 @@ def SampledPulse(waveform_rad_per_s, dwell_s, *, phase_rad=0.0, offset_hz=0.0, d
     n = w.numel()
     trains = max(phase.numel(), offset.numel()) > 1
     # (n,) sample midpoints from the module start, in s
-    t_s = (torch.arange(n, dtype=torch.float64, device=w.device) + 0.5) * dwell
+    t_s = (torch.arange(n, dtype=torch.float64, device=device) + 0.5) * dwell
     amplitude = w.abs() * dwell  # (n,)
     phases = phase + torch.angle(w)[:, None] - 2 * math.pi * offset * t_s[:, None]  # (n, trains or 1)
     phases = phases if trains else phases[:, 0]

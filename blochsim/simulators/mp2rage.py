@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model import SPOILED, SpinPhysics
+from ..model import SPOILED, SpinPhysics, on_host
 from ..sequence.events import AdcRole
 from ._closed_form import ClosedForm
 from ._formulas import mp2rage
@@ -118,7 +118,7 @@ def _describe(self, **protocol):
         return super(MP2RAGESimulator, self).describe(**protocol)
     args = self.played(**protocol)
     self._check_required(args)
-    return self._compose(args, {})
+    return self._compose(on_host(args), {})
 
 
 def _ms(t_s) -> str:
