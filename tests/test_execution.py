@@ -428,3 +428,19 @@ def test_resolved_durations_carry_no_graph(monkeypatch):
             .backward()
         assert f.grad is not None and f.grad.abs().sum() > 0
     assert seen and all(not grad and n == 2 for grad, n in seen), seen
+
+
+def test_expm_in_parts(monkeypatch):
+    """The pool tables' matrix exponential on a GPU (the broadcast products, forced here on the host) runs a
+    large batch in parts of bounded size: the same numbers as in one part, and differentiable."""
+    from blochsim.engine import pools
+
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(70, 3, 6, 6, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    whole = pools.expm(a, matmul=True)
+    monkeypatch.setattr(pools, "_EXPM_PART_BYTES", 17 * 6**3 * 8)  # parts of 17 matrices
+    parts = pools.expm(a, matmul=True)
+    assert torch.equal(parts, whole)
+    (grad,) = torch.autograd.grad(parts.sum(), a)
+    assert torch.equal(grad, torch.autograd.grad(whole.sum(), a)[0])
+    assert torch.allclose(whole, torch.linalg.matrix_exp(a), rtol=1e-12, atol=1e-12)  # series truncation 2e-14

@@ -213,14 +213,14 @@ def expm(a: torch.Tensor, terms: int = 12, *, matmul: bool | None = None) -> tor
         def mm(p, q):  # broadcast multiply and sum: no cuBLAS (its first use costs ~1 s), n <= 8
             return (p[..., :, :, None] * q[..., None, :, :]).sum(-2)
 
-        x = a * 0.5**s  # multiplies, not divisions: one kernel fewer to load on a GPU
-        eye = torch.eye(n, dtype=a.dtype, device=a.device)
-        result = eye + x * (1.0 / terms)
-        for k in range(terms - 1, 0, -1):
-            result = eye + mm(x, result) * (1.0 / k)
-        for _ in range(s):
-            result = mm(result, result)
-        return result
+        # The broadcast holds n^3 numbers a matrix (8 GB for the 8 x 8 transverse blocks of a million 5-pool
+        # voxels over 2 intervals): the batch runs in parts of at most _EXPM_PART_BYTES of it, with the
+        # scaling of the whole batch (the same numbers as in one part).
+        flat = a.reshape((-1, n, n))
+        part = max(1, _EXPM_PART_BYTES // (n**3 * a.element_size()))
+        if flat.shape[0] > part:
+            return torch.cat([_expm_series(x, terms, s, mm) for x in flat.split(part)]).reshape(a.shape)
+        return _expm_series(a, terms, s, mm)
     # Entry by entry, as Y = exp(x) - I: Horner Y <- x/k + (x/k) Y, then squaring (I + Y)^2 = I + (2Y + Y^2).
     # No Python number meets a tensor inside the loops: under forward-mode AD (pool-table tangents) each
     # tensor-and-constant op runs through torch's Python reference decompositions, ~200 calls per op.
@@ -252,6 +252,22 @@ def expm(a: torch.Tensor, terms: int = 12, *, matmul: bool | None = None) -> tor
         yy = product(y, y)
         y = [[y[i][j] + y[i][j] + yy[i][j] for j in range(n)] for i in range(n)]
     return torch.stack([torch.stack(row, -1) for row in y], -2) + torch.eye(n, dtype=a.dtype, device=a.device)
+
+
+#: Bytes of the broadcast product of one part of a batch in `expm` on a GPU.
+_EXPM_PART_BYTES = 256 * 2**20
+
+
+def _expm_series(a: torch.Tensor, terms: int, s: int, mm) -> torch.Tensor:
+    """exp(a) as (Taylor series of a / 2^s)^(2^s), products by `mm`."""
+    x = a * 0.5**s  # multiplies, not divisions: one kernel fewer to load on a GPU
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    result = eye + x * (1.0 / terms)
+    for k in range(terms - 1, 0, -1):
+        result = eye + mm(x, result) * (1.0 / k)
+    for _ in range(s):
+        result = mm(result, result)
+    return result
 
 
 def _lineshape(name: str, offsets: torch.Tensor, t2b_ms: torch.Tensor) -> torch.Tensor:
