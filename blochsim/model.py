@@ -32,7 +32,7 @@ import torch.autograd.forward_ad as fwAD
 from . import _native as nat
 from ._arrays import as_number, first_library, library_of, reverse_jvps, to_library, to_tensor
 from ._errors import check_device, missing_property, nearest, unknown_name
-from ._execution import applied, as_policy
+from ._execution import active, applied, as_policy
 from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
 from .engine.bind import needs_complex as _needs_complex
 from .engine.program import TrainAxisError, check_shims, check_states
@@ -753,13 +753,14 @@ class Simulator:
             fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(float(v), device=device)
                       for k, v in fields.items()}
         auto = repetitions == "auto"
+        host_kernels = active().device_for(device).type == "cpu"  # where the execution policy runs them
         double = DTYPES.get(settings.get("dtype")) == torch.float64
-        if double and device.type != "cpu":
+        if double and not host_kernels:
             raise ValueError(f"dtype={settings['dtype']} runs the float64 kernels, which only the host build has "
                              f"(the CUDA kernels take float32); run on the CPU (device='cpu') or leave dtype unset")
         # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 only, and there
         # it plays the train until the transient has died out (engine.steady).
-        dtype = torch.float64 if double or (auto and device.type == "cpu") else torch.float32
+        dtype = torch.float64 if double or (auto and host_kernels) else torch.float32
         packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
         try:

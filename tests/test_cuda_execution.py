@@ -186,3 +186,18 @@ def test_out_of_memory_leaves_nothing_allocated(monkeypatch):
     assert sum(issubclass(w.category, ResourceWarning) for w in caught) == 1
     assert torch.cuda.memory_allocated() == base + chunked.numel() * chunked.element_size()
     assert _rel(chunked, whole) <= 1e-6
+
+
+def test_policy_decides_the_kernels_precision():
+    """Host tissue under offload(): the kernels run on the card, which has float32 kernels only, so the steady
+    state is played there in float32 (not extrapolated in float64) and dtype=float64 is refused."""
+    sim = MRFSimulator(flip=torch.linspace(5, 60, 20), TR=10.0, states=STATES)
+    t1 = torch.linspace(300, 2000, 64)
+    host = sim.simulate(T1=t1, T2=60.0, repetitions="auto")
+    with blochsim.offload():
+        card = sim.simulate(T1=t1, T2=60.0, repetitions="auto")
+        with pytest.raises(ValueError, match="float64 kernels"):
+            sim.simulate(T1=t1, T2=60.0, dtype=torch.float64)
+    # The played steady state against the float64 extrapolation: 1.3e-6 of the largest sample for MRF
+    # (docs/design.md); 1e-5 with the card's own rounding.
+    assert card.device.type == "cpu" and _rel(card, host) <= 1e-5
