@@ -258,6 +258,9 @@ class _Placed:
         self.runner = runner = chunks.Runner(st.device, st.num_voxels, label)
         self.stride = st.checkpoint_stride
         device = runner.device
+        if device.type == "cuda" and st.dtype != torch.float32:
+            raise ValueError(f"the execution policy runs this {label} on {device}, whose kernels take float32; "
+                             f"{st.dtype} runs on the host (execution('cpu')), or give float32 inputs")
         if runner.trivial or st.num_voxels == 0:
             self.chunk = st.num_voxels
         else:
