@@ -309,8 +309,10 @@ def epg_engine_steady(placement: str, to_card: Callable):
 
 
 def cest_pool_b(placement: str, to_card: Callable):
-    """CEST with an exchanging pool B (amide-like, 3.5 ppm), offsets and saturation on the card or not: values
-    and the Jacobian along the pool's fraction, against the host."""
+    """CEST with an exchanging pool B (amide-like, 3.5 ppm), offsets and field strength on the card or not:
+    values and the Jacobian along the pool's fraction, against the host. (With these on the card and the
+    saturation a number, the offsets in Hz and the sampled pulse's phases were card tensors beside a waveform
+    on the host: the mix that issue 28 item 2 reports, at SampledPulse's phases.)"""
     from blochsim.simulators import CESTSimulator
 
     protocol_at, tissue_at = placement.split("-")
@@ -323,7 +325,7 @@ def cest_pool_b(placement: str, to_card: Callable):
     def call(where: Placement):
         tissue = {**_finding_tissue(where), **{k: where.put(where.tissue, v) for k, v in pool.items()}}
         given = {"offsets": where.put(where.protocol, offsets) if where.protocol != "cpu" else offsets.tolist(),
-                 "B1sat": where.put(where.protocol, torch.tensor(1.5, dtype=torch.float64))}
+                 "B1sat": 1.5, "field_strength": where.put(where.protocol, torch.tensor(3.0, dtype=torch.float64))}
         return sim.jacobian(("poolB_fraction", "T1"), **given, **tissue)
 
     got, got_J = call(place)
