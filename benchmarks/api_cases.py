@@ -13,7 +13,8 @@ Three big cases run after them (`--big`, on by default on CUDA): a 1M-voxel real
 HVP and a 1M-voxel 5-pool forward; each must peak under 16 GB (BIG_LIMIT_BYTES).
 
 Run: python benchmarks/api_cases.py --device cuda [--cases epg_real_grad ...] [--quick] [--n 100 ...]
-     [--budget-mib 512] [--no-big]; on the host: python benchmarks/api_cases.py --device cpu --quick --n 100
+     [--budget-mib 512] [--scratch-mib 256] [--no-big]
+On the host: python benchmarks/api_cases.py --device cpu --quick --n 100
 Writes a new benchmarks/results/api_cases-<device>-<date>-<commit>.json (_records.py).
 """
 
@@ -33,6 +34,7 @@ from _records import write_record
 from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg
 
 import blochsim
+from blochsim import _execution
 from blochsim.model import PUBLIC_FIELDS
 from blochsim.simulators import MRFSimulator
 
@@ -126,6 +128,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the smallest size of each case")
     parser.add_argument("--n", type=int, nargs="*", help="tissue counts to run every named case at")
     parser.add_argument("--budget-mib", type=int, help="run every call under execution(budget_bytes=...)")
+    parser.add_argument("--scratch-mib", type=int,
+                        help="the scratch held per kernel call without a budget (default: DEFAULT_SCRATCH_BYTES)")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help="the three big cases (default: on CUDA without --quick, --cases or --n)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -139,6 +143,8 @@ def main() -> None:
         for name, n in cases:
             smallest[name] = min(n, smallest.get(name, n))
         cases = sorted(smallest.items())
+    if args.scratch_mib:
+        _execution.DEFAULT_SCRATCH_BYTES = args.scratch_mib * 2**20
     device = torch.device(args.device)
     big = args.big if args.big is not None else (device.type == "cuda" and not (args.quick or args.cases or args.n))
     if big:
@@ -146,7 +152,8 @@ def main() -> None:
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     policy = blochsim.execution(budget_bytes=args.budget_mib * 2**20) if args.budget_mib else contextlib.nullcontext()
     record = {"task": "api_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "device": card, "torch": torch.__version__, "budget_mib": args.budget_mib, "results": []}
+              "device": card, "torch": torch.__version__, "budget_mib": args.budget_mib,
+              "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20, "results": []}
     print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'inc ms':>9}{'ratio':>7}{'peak MiB':>10}"
           f"{'inc MiB':>9}{'ratio':>7}")
     for name, n, *tag in cases:

@@ -25,10 +25,11 @@ from ._errors import check_device
 __all__ = ["ExecutionPolicy", "execution", "offload", "active", "applied", "as_policy", "DEFAULT_SCRATCH_BYTES"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
-#: many bytes, chunking the voxels above it. Larger chunks run no faster once the card is full of threads,
-#: and hold the peak allocation of a gradient near that of its inputs and outputs (docs/design.md,
-#: "Execution and memory").
-DEFAULT_SCRATCH_BYTES = 256 * 2**20
+#: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
+#: inputs, outputs and torch's own backward of the loss. 192 MiB leaves the incumbent's peaks of issue 21
+#: (289-486 MiB for the pooled and HVP cases) 50 MiB or more by the byte model (docs/design.md, "Execution
+#: and memory"); benchmarks/api_cases.py --scratch-mib measures other values.
+DEFAULT_SCRATCH_BYTES = 192 * 2**20
 
 _RESERVE_BYTES = 512 * 2**20
 

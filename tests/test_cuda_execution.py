@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import blochsim
-from blochsim import engine
+from blochsim import _execution, engine
 from blochsim.engine import chunks
 from blochsim.engine import kernels as K
 from blochsim.sequence import TissueProperties, mrf_description
@@ -102,7 +102,7 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
 
 def test_peak_memory_under_a_budget():
     """A real gradient of 20,000 voxels over 500 TRs at 32 orders: the adjoint's scratch at checkpoint stride 4
-    is about 2.8 GB. Under a budget of 128 MiB (and under the default, scratch held to 256 MiB), the backward
+    is about 2.8 GB. Under a budget of 128 MiB (and under the default, scratch held to 192 MiB), the backward
     allocates at most the budget beyond what torch's own backward of the loss holds (the cotangent and its
     temporaries: three arrays of the signal's size), and gives the gradient of a whole call."""
     n, reps = 20000, 500
@@ -123,7 +123,7 @@ def test_peak_memory_under_a_budget():
 
     reference, _ = gradient(blochsim.execution(budget_bytes=16 * 2**30))
     for budget, policy in ((128 * 2**20, blochsim.execution(budget_bytes=128 * 2**20)),
-                           (256 * 2**20, blochsim.execution())):
+                           (_execution.DEFAULT_SCRATCH_BYTES, blochsim.execution())):
         grad, extra = gradient(policy)
         # 3 signal-sized arrays of torch's loss backward, plus 2 MiB of allocator rounding per array.
         assert extra <= budget + 3 * signal_bytes + 8 * 2**20, (budget, extra)
