@@ -1,4 +1,10 @@
-"""Shared sequences, tissues and error measures for the engine tests (tests/test_engine_*.py).
+"""Shared helpers for the tests: error measures, the CUDA skip, and the sequences and tissues of the engine tests.
+
+Error measures (`rel_max_err`, `column_rel_err`) are the ones every test uses to hold a result to its reference;
+closed-form references live in tests/_closed_forms.py.
+
+Tests marked `cuda` (pyproject.toml) are skipped here unless an NVIDIA GPU and a blochsim CUDA build are present
+(`cuda_ready`); a CUDA test module needs only `pytestmark = pytest.mark.cuda`.
 
 Every kernel result is held to the float64 oracle `blochsim._reference.play` (DESIGN.md, "The oracle
 and how kernels are checked"). The sequences here are small (10-40 events, a few voxels, 10 EPG
@@ -12,10 +18,13 @@ explicit `states` (never the engine's default, which the oracle does not share).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import pytest
 import torch
 
 from blochsim.sequence import (
@@ -55,11 +64,21 @@ VOXEL_M = 1e-3
 # ---------------------------------------------------------------------------------------------
 
 
-def rel_max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected| (relative to the largest entry), in float64."""
-    actual = torch.as_tensor(actual).detach().to(torch.complex128)
-    expected = torch.as_tensor(expected).detach().to(torch.complex128)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+def _complex128(values) -> torch.Tensor:
+    """`values` as a complex128 tensor on the host: a tensor (any device, any dtype, detached), or an array, a list
+    or a number through NumPy (which keeps Python floats in float64, where torch.as_tensor would make them
+    float32 and a 1e-10 comparison would see the rounding)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().to(torch.complex128)
+    return torch.as_tensor(np.asarray(values)).to(torch.complex128)
+
+
+def rel_max_err(actual, expected) -> float:
+    """max |actual - expected| / max |expected|: the error relative to the reference's largest entry (not entry by
+    entry), in complex128 on the host. The shapes must match (no broadcasting), and a reference that is
+    identically zero has no scale: both raise."""
+    actual, expected = _complex128(actual), _complex128(expected)
+    assert actual.shape == expected.shape, (tuple(actual.shape), tuple(expected.shape))
     scale = float(expected.abs().max())
     assert scale > 0, "the reference is identically zero: the comparison would prove nothing"
     return float((actual - expected).abs().max()) / scale
@@ -87,9 +106,8 @@ def column_rel_err(actual: torch.Tensor, expected: torch.Tensor, *, axis: int = 
     dS/dB0 of an echo) has no scale to be relative to: this raises, and such a column is held to an absolute
     bound instead, stated where it is used.
     """
-    actual = torch.as_tensor(actual).detach().to(torch.complex128)
-    expected = torch.as_tensor(expected).detach().to(torch.complex128)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    actual, expected = _complex128(actual), _complex128(expected)
+    assert actual.shape == expected.shape, (tuple(actual.shape), tuple(expected.shape))
     errors = []
     for p, (got, want) in enumerate(zip(actual.unbind(axis), expected.unbind(axis), strict=True)):
         scale = float(want.abs().max())
@@ -101,6 +119,36 @@ def column_rel_err(actual: torch.Tensor, expected: torch.Tensor, *, axis: int = 
 
 def f64(values) -> torch.Tensor:
     return torch.as_tensor(values, dtype=F64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests that need a GPU
+# ---------------------------------------------------------------------------------------------
+
+CUDA_REASON = "needs an NVIDIA GPU and a blochsim CUDA build (BLOCHSIM_CUDA_LIBRARY or blochsim[cuNN])"
+
+
+@functools.cache
+def cuda_ready() -> bool:
+    """A CUDA device is visible and blochsim's CUDA library loads (asked once, when a `cuda` test is collected)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from blochsim import _native
+
+        _native.cuda_library()
+    except Exception:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip every test marked `cuda` (pyproject.toml's marker) where `cuda_ready()` is False."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if marked and not cuda_ready():
+        skip = pytest.mark.skip(reason=CUDA_REASON)
+        for item in marked:
+            item.add_marker(skip)
 
 
 # ---------------------------------------------------------------------------------------------
