@@ -120,6 +120,15 @@ def look_locker_mz(mz, flip_rad, tr_ms, t1_ms, count) -> tuple[list, float]:
     return before, mz
 
 
+def look_locker_continuous(flip_rad, tr_ms, ti_ms, t1_ms, efficiency) -> float:
+    """Mz times sin(a) at TI after an inversion under a continuous Look-Locker readout, in units of M0 (Deichmann &
+    Haase, J Magn Reson 1992;96:608): the pulses act as a rate -ln(cos a)/TR, so Mz relaxes with
+    1/T1* = 1/T1 - ln(cos a)/TR towards A = T1*/T1: (A - (A + eff) e^{-TI/T1*}) sin(a)."""
+    t1_star = 1 / (1 / t1_ms - math.log(math.cos(flip_rad)) / tr_ms)
+    amplitude = t1_star / t1_ms
+    return (amplitude - (amplitude + efficiency) * math.exp(-ti_ms / t1_star)) * math.sin(flip_rad)
+
+
 def molli_mz(flip_rad, tr_ms, readouts, recovery_ms, t1_ms, efficiency) -> list:
     """Mz just before each readout pulse of MOLLI (Messroghli et al., MRM 2004;52:141), from equilibrium: per block
     an inversion (Mz -> -eff Mz), then `readouts[b]` Look-Locker pulses TR apart; `recovery_ms` of free recovery
