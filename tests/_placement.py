@@ -33,6 +33,8 @@ from blochsim.simulators import MRFSimulator, mrf_sim
 #: tests/test_cuda.py (the kernels against the host build), values 1e-5 of the largest entry, first
 #: derivatives 1e-4 (per Jacobian column, each against its own scale), second derivatives 1e-3.
 VALUES, FIRST, SECOND = 1e-5, 1e-4, 1e-3
+#: repetitions="auto" on a card against the host's float64 extrapolation (see `steady`).
+STEADY_VALUES = 3e-5
 
 STATES = 16
 FLIPS_DEG = np.concatenate([np.linspace(5.0, 60.0, 12), np.linspace(60.0, 8.0, 12)])
@@ -271,21 +273,27 @@ def steady(name: str, placement: str, to_card: Callable, *, explicit: bool = Tru
         assert got_flip.grad.device == got_flip.device
     errors = {"auto vs host auto": rel_max_err(got.cpu(), want)}
     # The device plays the train until the transient has gone (engine.steady: 20 of the longest relaxation
-    # time); the host extrapolates in float64. They differ by float32 round-off over the playings: on the host's
-    # own float32 kernels, played out this way, 1.3e-6 (MRF) and 3.9e-6 (TrueFISP with B0) of the largest
-    # sample; the Jacobian's columns 1.8e-6 and 6.6e-6, the flip gradient 4.9e-7 and 6.1e-6.
-    assert errors["auto vs host auto"] < VALUES
+    # time); the host extrapolates in float64. They differ by float32 round-off: on the host's own float32
+    # kernels, played out this way, 1.3e-6 (MRF) and 3.9e-6 (TrueFISP with B0) of the largest sample; the
+    # Jacobian's columns 1.8e-6 and 6.6e-6, the flip gradient 4.9e-7 and 6.1e-6. On the H200 (2026-12-04)
+    # TrueFISP with B0 came to 1.07e-5, and the card's float32 kernels played 200, 1,000 or 5,000 times gave
+    # the same 1.07e-5 against the host's float64: round-off of the card's float32 over the ~T1/TR = 370
+    # repetitions the state remembers, not the play-out (the play-out is held to explicit repetitions on the
+    # same kernels below).
+    assert errors["auto vs host auto"] < STEADY_VALUES
     errors["J (per column)"] = column_rel_err(got_J.cpu(), want_J)
     assert errors["J (per column)"] < FIRST
     errors["flip gradient"] = rel_max_err(got_flip.grad.cpu(), want_flip.grad)
     assert errors["flip gradient"] < FIRST
     if explicit:
-        many = sim.simulate(**{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in protocol.items()},
-                            **_finding_tissue(host, b0=b0), repetitions=5000)
-        errors["auto vs 5,000 repetitions"] = rel_max_err(got.detach().cpu(), many)
-        # 5,000 playings (about 500 s) against 20 of the longest relaxation time (50 s): the same limit, each
-        # side with its float32 round-off (1.5e-7 apart on the host's float32 kernels).
-        assert errors["auto vs 5,000 repetitions"] < VALUES
+        given = {k: place.put(place.protocol, v.detach()) if isinstance(v, torch.Tensor) else v
+                 for k, v in protocol.items()}
+        many = sim.simulate(**given, **_finding_tissue(place, b0=b0), repetitions=5000)
+        errors["auto vs 5,000 repetitions"] = rel_max_err(got.detach().cpu(), many.detach().cpu())
+        # 5,000 playings (about 500 s) against 20 of the longest relaxation time (50 s), on the same kernels:
+        # the same limit, up to float32 round-off (1.5e-7 apart on the host's float32 kernels; on the H200 the
+        # card's 200-, 1,000- and 5,000-repetition results lie within 7e-8 of one another).
+        assert errors["auto vs 5,000 repetitions"] < 1e-6
     return errors
 
 
