@@ -4,8 +4,8 @@ The other simulator tests hand `sim.describe()` to both the engine and the oracl
 1 % long, a flip on the wrong pulse, a sample in the wrong place, a phase cycle off by one pulse) plays the
 same in both and passes. Here each simulator's public result is held to the textbook sequence written out
 in this file: a short float64 EPG (Weigel 2015, JMRI 41:266: F+, F-, Z arrays, rotation, relaxation, shift),
-a hard-pulse Bloch-McConnell simulation (CEST), or a closed form from the literature. Nothing here is built
-with blochsim.sequence, blochsim._reference or blochsim.simulators._formulas.
+a hard-pulse Bloch-McConnell simulation (CEST), or a closed form from the literature (tests/_closed_forms.py).
+Nothing here is built with blochsim.sequence, blochsim._reference or blochsim.simulators._formulas.
 
 Each check can fail: each test also plays its reference with a small deliberate error in the protocol (a
 time 1 % off, a flip 1 degree off, a phase cycle off by one pulse, ...) and asserts that the comparison
@@ -25,6 +25,13 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from _closed_forms import (
+    GAMMA_BAR_HZ_PER_T,
+    mp2rage_signal_equation,
+    mprage_centre,
+    spoiled_train,
+    stimulated_echoes,
+)
 from conftest import rel_max_err
 
 from blochsim.simulators import (
@@ -258,40 +265,19 @@ def test_hyperecho_against_an_independent_epg():
 
 
 # -- the stimulated echo (Hahn 1950) --------------------------------------------------------------------------
-def stimulated_closed_form(flips_deg, te_ms, tm_ms, *, t1, t2, b1, m0):
-    """SE = i M0 sin a1 sin^2(a2/2) e^{-TE/T2}, STE = i M0 sin a1 sin a2 sin a3 e^{-TE/T2} e^{-TM/T1} / 2, for
-    pulses about x with a_k = B1 flip_k (Hahn, Phys Rev 1950;80:580; API.md 5.1)."""
-    a1, a2, a3 = (a * DEG * b1 for a in flips_deg)
-    se = 1j * m0 * np.sin(a1) * np.sin(a2 / 2) ** 2 * np.exp(-te_ms / t2)
-    ste = 1j * m0 * np.sin(a1) * np.sin(a2) * np.sin(a3) * np.exp(-te_ms / t2) * np.exp(-tm_ms / t1) / 2
-    return np.stack([se, ste], -1)
-
-
 def test_stimulated_echo_against_the_closed_form():
     tissue = dict(t1=T1, t2=T2, b1=np.array([0.85, 1.0, 1.1]), m0=np.array([1.2, 1.0, 0.9]))
     flips = (70.0, 110.0, 50.0)
     got = StimulatedEchoSimulator(flip=list(flips), TE=20.0, TM=150.0).simulate(
         T1=t(T1), T2=t(T2), B1=t(tissue["b1"]), M0=t(tissue["m0"]), B0=t([7.0, -31.0, 0.0]))  # echoes: B0-blind
-    check(got, stimulated_closed_form(flips, 20.0, 150.0, **tissue), VALUES, {
-        "TE 1 % long": stimulated_closed_form(flips, 20.2, 150.0, **tissue),
-        "TM 1 % long": stimulated_closed_form(flips, 20.0, 151.5, **tissue),
-        "the third flip 1 degree more": stimulated_closed_form((70.0, 110.0, 51.0), 20.0, 150.0, **tissue),
+    check(got, stimulated_echoes(flips, 20.0, 150.0, **tissue), VALUES, {
+        "TE 1 % long": stimulated_echoes(flips, 20.2, 150.0, **tissue),
+        "TM 1 % long": stimulated_echoes(flips, 20.0, 151.5, **tissue),
+        "the third flip 1 degree more": stimulated_echoes((70.0, 110.0, 51.0), 20.0, 150.0, **tissue),
     })
 
 
 # -- MPnRAGE, MPRAGE, MP2RAGE: inversion-prepared spoiled trains --------------------------------------------
-def spoiled_train_reference(flips_deg, tr_ms, ti_ms, *, t1, b1, m0, efficiency):
-    """Inversion, TI, then per shot: sample M0 sin(a) Mz (x +i of the raw -i sin(a) Mz), Mz -> Mz cos(a), ideal
-    spoiling, TR of recovery."""
-    mz = 1 - (1 + efficiency) * np.exp(-ti_ms / t1)
-    out = []
-    for a, tr in zip(flips_deg, tr_ms, strict=True):
-        out.append(m0 * np.sin(a * DEG * b1) * mz)
-        e1 = np.exp(-tr / t1)
-        mz = mz * np.cos(a * DEG * b1) * e1 + 1 - e1
-    return np.stack(out, -1)
-
-
 def test_mpnrage_against_the_spoiled_recursion():
     n = 40
     flips, tr = np.linspace(5.0, 9.0, n), np.linspace(10.0, 14.0, n)
@@ -299,22 +285,11 @@ def test_mpnrage_against_the_spoiled_recursion():
                   efficiency=np.array([0.95, 1.0, 0.9]))
     got = MPnRAGESimulator(nshots=n, flip=t(flips), TR=t(tr), TI=30.0, phases=t(np.arange(n) * 7.0)).simulate(
         T1=t(T1), B1=t(tissue["b1"]), M0=t(tissue["m0"]), inv_efficiency=t(tissue["efficiency"]))
-    check(got, spoiled_train_reference(flips, tr, 30.0, **tissue), VALUES, {
-        "TR 1 % long": spoiled_train_reference(flips, tr * 1.01, 30.0, **tissue),
-        "every flip 1 degree more": spoiled_train_reference(flips + 1.0, tr, 30.0, **tissue),
-        "TI 1 % long": spoiled_train_reference(flips, tr, 30.3, **tissue),
+    check(got, spoiled_train(flips, tr, 30.0, **tissue), VALUES, {
+        "TR 1 % long": spoiled_train(flips, tr * 1.01, 30.0, **tissue),
+        "every flip 1 degree more": spoiled_train(flips + 1.0, tr, 30.0, **tissue),
+        "TI 1 % long": spoiled_train(flips, tr, 30.3, **tissue),
     })
-
-
-def mprage_closed_form(ti_ms, flip_deg, tr_ms, before, *, t1, m0, efficiency):
-    """The centre shot of MPRAGE (Deichmann et al., MRM 2000;44:479): after the inversion and `before` shots,
-    Mz = Mss + (Mz0 - Mss) q^before with q = E1 cos a, Mss = (1 - E1) / (1 - q), Mz0 = 1 - (1 + eff) e^{-T/T1},
-    T = TI - before TR the time from the inversion to the first shot; the sample is M0 sin(a) Mz."""
-    a, e1 = flip_deg * DEG, np.exp(-tr_ms / t1)
-    q = e1 * np.cos(a)
-    mss = (1 - e1) / (1 - q)
-    mz0 = 1 - (1 + efficiency) * np.exp(-(ti_ms - before * tr_ms) / t1)
-    return m0 * np.sin(a) * (mss + (mz0 - mss) * q**before)
 
 
 @pytest.mark.parametrize(("nshots", "before"), [((12, 20), 12), (33, 16)])  # a total: the odd shot after
@@ -322,52 +297,12 @@ def test_mprage_against_the_closed_form(nshots, before):
     tissue = dict(t1=T1, m0=np.array([1.1, 1.0, 0.9]), efficiency=np.array([0.9, 1.0, 0.95]))
     got = MPRAGESimulator(TI=300.0, flip=8.0, TRspgr=9.0, nshots=nshots, phases=3.0).simulate(
         T1=t(T1), M0=t(tissue["m0"]), inv_efficiency=t(tissue["efficiency"]))
-    check(got, mprage_closed_form(300.0, 8.0, 9.0, before, **tissue), VALUES, {
-        "TRspgr 1 % long": mprage_closed_form(300.0, 8.0, 9.09, before, **tissue),
-        "the flip 1 degree more": mprage_closed_form(300.0, 9.0, 9.0, before, **tissue),
-        "TI 1 % long": mprage_closed_form(303.0, 8.0, 9.0, before, **tissue),
-        "the shot after the centre sampled": mprage_closed_form(300.0 + 9.0, 8.0, 9.0, before + 1, **tissue),
+    check(got, mprage_centre(300.0, 8.0, 9.0, before, **tissue), VALUES, {
+        "TRspgr 1 % long": mprage_centre(300.0, 8.0, 9.09, before, **tissue),
+        "the flip 1 degree more": mprage_centre(300.0, 9.0, 9.0, before, **tissue),
+        "TI 1 % long": mprage_centre(303.0, 8.0, 9.0, before, **tissue),
+        "the shot after the centre sampled": mprage_centre(300.0 + 9.0, 8.0, 9.0, before + 1, **tissue),
     })
-
-
-def mp2rage_closed_form(ti_ms, flips_deg, tr_ms, cycle_ms, before, after, *, t1, m0, efficiency):
-    """GRE1, GRE2 of MP2RAGE in its steady state (Marques et al., NeuroImage 2010;49:1271, appendix): every
-    cycle an inversion (Mz -> -eff Mz), then two blocks of `before + after` spoiled shots TR apart, block k's
-    sampled shot (the first of `after`) at TI[k]; only Mz carries. Each stretch is affine in Mz (recovery for
-    T: Mz -> E Mz + 1 - E; n shots: Mz -> q^n Mz + (1 - E1)(1 - q^n)/(1 - q), q = E1 cos a), so the cycle is
-    Mz -> A Mz + B with the fixed point B / (1 - A) just before the inversion."""
-    shots = before + after
-    e1 = np.exp(-tr_ms / t1)
-
-    def recover(time):
-        e = np.exp(-time / t1)
-        return e, 1 - e
-
-    def train(a_deg, n):
-        q = e1 * np.cos(a_deg * DEG)
-        return q**n, (1 - e1) * (1 - q**n) / (1 - q)
-
-    maps, samples_at = [(-efficiency, 0.0)], []  # affine maps (slope, intercept) in time order
-    free_from = 0.0
-    for k in range(2):
-        start = ti_ms[k] - before * tr_ms
-        maps.append(recover(start - free_from))
-        maps.append(train(flips_deg[k], before))
-        samples_at.append(len(maps))  # Mz here, before the sampled pulse
-        maps.append(train(flips_deg[k], after))
-        free_from = start + shots * tr_ms
-    maps.append(recover(cycle_ms - free_from))
-    slope, intercept = 1.0, 0.0
-    prefix = []
-    for s, b in maps:
-        prefix.append((slope, intercept))
-        slope, intercept = s * slope, s * intercept + b
-    mz_start = intercept / (1 - slope)
-    gre = []
-    for k, index in enumerate(samples_at):
-        s, b = prefix[index] if index < len(prefix) else (slope, intercept)
-        gre.append(m0 * np.sin(flips_deg[k] * DEG) * (s * mz_start + b))
-    return np.stack(gre, -1)
 
 
 def test_mp2rage_event_train_against_the_closed_form():
@@ -379,7 +314,8 @@ def test_mp2rage_event_train_against_the_closed_form():
                          repetitions="auto") * 1j  # from_description: the raw -i sin(a) Mz
 
     def reference(ti=(700.0, 2500.0), flips=(4.0, 5.0), tr=7.0, cycle=5000.0, before=60):
-        return mp2rage_closed_form(ti, flips, tr, cycle, before, 160 - before, **tissue)
+        return tissue["m0"][:, None] * mp2rage_signal_equation(ti, flips, tr, cycle, before, 160 - before,
+                                                               tissue["t1"], tissue["efficiency"])
 
     check(got, reference(), VALUES, {
         "TRspgr 1 % long": reference(tr=7.07),
@@ -545,9 +481,6 @@ def test_fmssfp_against_an_independent_bloch_simulation():
 
 
 # -- CEST: pulsed saturation, a hard-pulse Bloch-McConnell simulation ------------------------------------------
-GAMMA_BAR_HZ_PER_T = 42.577478e6  # the proton's gyromagnetic ratio / 2 pi (CODATA)
-
-
 def cest_reference(offsets_ppm, *, b1sat_ut, npulses, pulse_ms, delay_ms, recovery_ms, dwell_ms, t1, t2, b0, b1, m0,
                    pool, field_t=3.0, continuous_phase=True):
     """Z of water and one exchanging pool `pool` = (fraction, exchange Hz, T1, T2 ms, shift Hz) after pulsed
