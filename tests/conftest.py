@@ -70,7 +70,7 @@ def _complex128(values) -> torch.Tensor:
     float32 and a 1e-10 comparison would see the rounding)."""
     if isinstance(values, torch.Tensor):
         return values.detach().cpu().to(torch.complex128)
-    return torch.as_tensor(np.asarray(values)).to(torch.complex128)
+    return torch.from_numpy(np.asarray(values).astype(np.complex128))  # a copy: read-only views (broadcast_to) too
 
 
 def rel_max_err(actual, expected) -> float:
