@@ -1,8 +1,8 @@
 """The float64 reference engine (blochsim._reference) against textbook physics.
 
-Every expected value is computed here, independently, in float64 from a closed form or a
-published number. Unless a test says otherwise the tolerance is 1e-10 relative: the engine is
-exact up to float64 round-off (~1e-15 per operation, a few thousand operations), and where a
+Every expected value is computed independently, in float64, from a closed form (here or in
+tests/_closed_forms.py) or a published number. Unless a test says otherwise the tolerance is 1e-10
+relative: the engine is exact up to float64 round-off (~1e-15 per operation, a few thousand operations), and where a
 steady state is reached by playing repetitions, enough are played that the transient left over
 is below 1e-15 (the bound is computed beside each test).
 """
@@ -14,6 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from _closed_forms import ernst, freeman_hill, inversion_recovery, spin_echo
+from conftest import rel_max_err
 from torch.autograd import forward_ad
 
 from blochsim._reference import play, simulate_reference
@@ -40,12 +42,6 @@ def pulse(t_us, flip_rad, phase_rad=0.0, action=A.NONE, **kw):
     return E.rf(t_us, 0, RfUse.EXCITATION, flip_rad, phase_rad, action=action, **kw)
 
 
-def rel_err(actual, expected) -> float:
-    actual = torch.as_tensor(actual, dtype=torch.complex128)
-    expected = torch.as_tensor(expected, dtype=torch.complex128)
-    return float((actual - expected).abs().max() / expected.abs().max())
-
-
 def e(t_ms, T_ms):
     return math.exp(-t_ms / T_ms)
 
@@ -61,11 +57,9 @@ def test_ernst_spgr_steady_state():
     d = describe([pulse(0, flip), E.adc(te * 1e3, action=A.SPOIL_AFTER)], tr * 1e3)
     reps = 200  # transient (E1 cos a)^199 = 0.757^199 ~ 1e-24
     signal = simulate_reference(d, TissueProperties(t1, t2, b0_hz=b0), states=1, repetitions=reps)
-    e1 = e(tr, t1)
-    mz = (1 - e1) / (1 - e1 * math.cos(flip))
-    expected = -1j * math.sin(flip) * mz * e(te, t2) * torch.exp(-2j * math.pi * b0 * te * 1e-3)
+    expected = -1j * ernst(flip, tr, t1) * e(te, t2) * torch.exp(-2j * math.pi * b0 * te * 1e-3)
     assert signal.shape == (2, 1)
-    assert rel_err(signal[:, 0], expected) < REL
+    assert rel_max_err(signal[:, 0], expected) < REL
 
 
 def test_cpmg_echoes_decay_with_t2_only():
@@ -78,7 +72,7 @@ def test_cpmg_echoes_decay_with_t2_only():
     b0 = torch.tensor([0.0, 17.3], dtype=torch.float64)  # the echoes refocus B0 exactly
     signal = simulate_reference(d, TissueProperties(t1, t2, b0_hz=b0), states=2 * n + 2)
     expected = torch.tensor([math.exp(-i * esp / t2) for i in range(1, n + 1)], dtype=torch.float64)
-    assert rel_err(signal, expected.expand(2, n)) < REL
+    assert rel_max_err(signal, expected.expand(2, n)) < REL
 
 
 def test_spin_echo_with_partial_recovery():
@@ -93,8 +87,8 @@ def test_spin_echo_with_partial_recovery():
         E.adc(te * 1e3, action=A.SPOIL_AFTER),
     ]
     signal = simulate_reference(describe(events, tr * 1e3), TissueProperties(t1, t2), states=3, repetitions=3)
-    expected = (1 - 2 * e(tr - te / 2, t1) + e(tr, t1)) * e(te, t2)
-    assert rel_err(signal, [expected]) < REL
+    expected = spin_echo(te, tr, t1, t2)
+    assert rel_max_err(signal, [expected]) < REL
 
 
 @pytest.mark.parametrize("ti_ms", [50.0, 300.0, 900.0])
@@ -104,8 +98,8 @@ def test_inversion_recovery(ti_ms):
     events = [E.rf(0, 0, RfUse.INVERSION, math.pi), pulse(ti_ms * 1e3, math.pi / 2), E.adc(ti_ms * 1e3)]
     tissue = TissueProperties(t1, 50.0, inversion_efficiency=efficiency)
     signal = simulate_reference(describe(events, ti_ms * 1e3 + 10), tissue, states=1)
-    expected = -1j * (1 - (1 + efficiency) * e(ti_ms, t1))  # 1 - 2 E1 at full efficiency
-    assert rel_err(signal[:, 0], expected) < REL
+    expected = -1j * inversion_recovery(ti_ms, t1, efficiency)  # 1 - 2 E1 at full efficiency
+    assert rel_max_err(signal[:, 0], expected) < REL
 
 
 def test_bssfp_phase_alternated_steady_state():
@@ -122,9 +116,8 @@ def test_bssfp_phase_alternated_steady_state():
     # The slowest transient decays per TR by exp(-TR (cos^2(a/2)/T1 + sin^2(a/2)/T2)) = exp(-0.0375):
     # 1000 TRs leave exp(-37.5) ~ 5e-17.
     signal = simulate_reference(describe(events, 2 * tr * 1e3), TissueProperties(t1, t2), states=1, repetitions=500)
-    e1, e2 = e(tr, t1), e(tr, t2)
-    m = math.sin(flip) * (1 - e1) / (1 - (e1 - e2) * math.cos(flip) - e1 * e2) * math.sqrt(e2)
-    assert rel_err(signal, [-1j * m, -1j * m]) < REL
+    m = freeman_hill(flip, tr, t1, t2) * math.sqrt(e(tr, t2))
+    assert rel_max_err(signal, [-1j * m, -1j * m]) < REL
     assert abs(float(torch.angle(signal[0])) + math.pi / 2) < 1e-12
 
 
@@ -239,7 +232,7 @@ def test_three_pool_recovery_matches_eigendecomposition():
     lam, v = np.linalg.eig(a)
     propagator = (v @ np.diag(np.exp(lam * wait_ms * 1e-3)) @ np.linalg.inv(v)).real
     expected = f + propagator @ (z0 - f)
-    assert rel_err(z, torch.from_numpy(expected)) < REL
+    assert rel_max_err(z, torch.from_numpy(expected)) < REL
 
 
 def test_zero_exchange_gives_independent_pools():
@@ -258,11 +251,11 @@ def test_zero_exchange_gives_independent_pools():
     b = play(d, TissueProperties(400.0, 20.0, b0_hz=12.0 - 80.0, b1=0.9), states=6, repetitions=3)
     r = play(d, mixed, states=6, repetitions=3)
     assert r.fplus.shape == (2, 6)
-    assert rel_err(r.signal, 0.75 * free.signal + 0.25 * b.signal) < REL
+    assert rel_max_err(r.signal, 0.75 * free.signal + 0.25 * b.signal) < REL
     for name in ("fplus", "fminus", "z"):
         ours = getattr(r, name)
-        assert rel_err(ours[0], 0.75 * getattr(free, name)[0]) < REL
-        assert rel_err(ours[1], 0.25 * getattr(b, name)[0]) < REL
+        assert rel_max_err(ours[0], 0.75 * getattr(free, name)[0]) < REL
+        assert rel_max_err(ours[1], 0.25 * getattr(b, name)[0]) < REL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,10 +317,10 @@ def test_semisolid_saturation_follows_the_lineshape(lineshape):
             expected[i, j] = f_bound * math.exp(s * (alpha * float(b1[j])) ** 2 * g)
     # Gauss-Legendre with 600 nodes on each side of the magic angle agrees with the adaptive
     # quadrature to ~1e-13 relative in G; the exponent is ~0.1, so Z agrees to well under 1e-10.
-    assert rel_err(r.z[..., 1, 0], expected) < REL
+    assert rel_max_err(r.z[..., 1, 0], expected) < REL
     assert float(r.z[..., 1, 1].abs().max()) == 0.0  # higher orders stay empty
     free = (1 - f_bound) * torch.cos(alpha * b1)
-    assert rel_err(r.z[..., 0, 0], free.expand(5, 2)) < REL
+    assert rel_max_err(r.z[..., 0, 0], free.expand(5, 2)) < REL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,9 +362,9 @@ def test_diffusion_attenuates_by_signed_order(shifts):
     b = d_um2_per_ms * 1e-9 * (crusher / voxel) ** 2 * dt_s
     k = torch.arange(6, dtype=torch.float64)
     # F+(k) is signed order n = k, F-(k) is n = -k (no lobe: n^2; one lobe shifted in: n^2 - n + 1/3).
-    assert rel_err(moved.fplus[0], still.fplus[0] * torch.exp(-_lobe_weights(k, shifts)[0] * b)) < REL
-    assert rel_err(moved.fminus[0], still.fminus[0] * torch.exp(-_lobe_weights(-k, shifts)[0] * b)) < REL
-    assert rel_err(moved.z[0], still.z[0] * torch.exp(-(k**2) * b)) < REL
+    assert rel_max_err(moved.fplus[0], still.fplus[0] * torch.exp(-_lobe_weights(k, shifts)[0] * b)) < REL
+    assert rel_max_err(moved.fminus[0], still.fminus[0] * torch.exp(-_lobe_weights(-k, shifts)[0] * b)) < REL
+    assert rel_max_err(moved.z[0], still.z[0] * torch.exp(-(k**2) * b)) < REL
     # Orders populated (each shift after the last pulse moves F- down an order).
     assert float(still.fplus[0, 3].abs()) > 0.05 and float(still.fminus[0, 3 - shifts].abs()) > 0.05
 
@@ -386,11 +379,13 @@ def test_flow_phase_and_washout(shifts):
     w = 1 - min(abs(v) * dt_s / voxel, 1.0)  # 0.8
     k = torch.arange(6, dtype=torch.float64)
     # F_n turns by exp(-i f phase), f its mean order over the stretch; F-(k) = conj(F_-k) by the conjugate.
-    assert rel_err(moved.fplus[0], w * still.fplus[0] * torch.exp(-1j * _lobe_weights(k, shifts)[1] * phase)) < REL
-    assert rel_err(moved.fminus[0], w * still.fminus[0] * torch.exp(1j * _lobe_weights(-k, shifts)[1] * phase)) < REL
+    fplus = w * still.fplus[0] * torch.exp(-1j * _lobe_weights(k, shifts)[1] * phase)
+    fminus = w * still.fminus[0] * torch.exp(1j * _lobe_weights(-k, shifts)[1] * phase)
+    assert rel_max_err(moved.fplus[0], fplus) < REL
+    assert rel_max_err(moved.fminus[0], fminus) < REL
     z = w * still.z[0] * torch.exp(-1j * k * phase)
     z = z + torch.tensor([1 - w, 0, 0, 0, 0, 0], dtype=torch.complex128)  # inflow at equilibrium
-    assert rel_err(moved.z[0], z) < REL
+    assert rel_max_err(moved.z[0], z) < REL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +402,7 @@ def test_phase_conventions_of_api_1_6():
     signal = simulate_reference(d, tissue, states=1)
     expected = (2.5 * -1j * math.sin(0.8 * flip) * e(t_ms, 100.0)
                 * np.exp(1j * (0.2 + 0.3 - 0.5 - 2 * math.pi * b0 * t_ms * 1e-3)))
-    assert rel_err(signal, [expected]) < REL
+    assert rel_max_err(signal, [expected]) < REL
     plain = simulate_reference(d, TissueProperties(1000.0, 100.0, b0_hz=b0), states=1)
     assert abs(float(torch.angle(plain[0])) - (-math.pi / 2 + 0.2 - 0.5 - 0.2 * math.pi)) < 1e-12
 
@@ -420,7 +415,7 @@ def test_short_and_long_interval_recovery(dt_us):
     d = describe([pulse(0, math.pi / 2, action=A.SPOIL_AFTER), E.wait(dt_us)], dt_us + 1)
     z = play(d, TissueProperties(t1, 50.0), states=1).z[0, 0]
     e1 = math.exp(-dt_us * 1e-3 / t1)
-    assert rel_err(z, [-math.expm1(-dt_us * 1e-3 / t1) + math.cos(math.pi / 2) * e1]) < REL
+    assert rel_max_err(z, -math.expm1(-dt_us * 1e-3 / t1) + math.cos(math.pi / 2) * e1) < REL
 
 
 def test_definition_flip_and_phase_are_used():
@@ -429,7 +424,7 @@ def test_definition_flip_and_phase_are_used():
     definition = StubRfDefinition(0, flip_per_amplitude=0.5, extra_phase_rad=0.4)
     d = describe([pulse(0, 1.3, 0.2), E.adc(0)], 1e3, definitions={0: definition})
     signal = simulate_reference(d, TissueProperties(1000.0, 100.0), states=1)
-    assert rel_err(signal, [-1j * np.exp(1j * 0.6) * math.sin(0.65)]) < REL
+    assert rel_max_err(signal, [-1j * np.exp(1j * 0.6) * math.sin(0.65)]) < REL
 
 
 def test_zero_relaxation_time_gives_zero_not_nan():
@@ -449,7 +444,7 @@ def test_record_modes_and_last_repetition_only():
     assert simulate_reference(d, tissue, states=1, repetitions=3).shape == (3,)
     assert simulate_reference(d, tissue, states=1, record="acquired").shape == (2,)
     echo = simulate_reference(d, tissue, states=1, repetitions=2, record="echo")
-    assert rel_err(echo, simulate_reference(d, tissue, states=1, repetitions=2)[2:]) == 0.0
+    assert rel_max_err(echo, simulate_reference(d, tissue, states=1, repetitions=2)[2:]) == 0.0
     assert simulate_reference(describe([pulse(0, 0.5)], 1e3), tissue, states=1).shape == (0,)
 
 
@@ -462,7 +457,7 @@ def test_voxel_shapes_broadcast():
     assert r.fplus.shape == r.fminus.shape == r.z.shape == (4, 5, 2, 3)
     one = play(d, TissueProperties(float(t1[2, 0]), float(t2[3]), pool_b_fraction=0.1), states=3)
     # The squaring count of the interval exponentials is shared by the batch, so rounding may differ.
-    assert rel_err(r.signal[2, 3], one.signal) < 1e-13
+    assert rel_max_err(r.signal[2, 3], one.signal) < 1e-13
 
 
 def _small_problem(t1, t2, flip, b0, te_us):
