@@ -13,6 +13,7 @@ import cmath
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+from conftest import rel_max_err
 
 from blochsim._reference import play
 from blochsim.model import UNBALANCED, Simulator, SpinPhysics
@@ -30,12 +31,6 @@ T2 = torch.tensor([40.0, 90.0], dtype=F64)
 DOUBLE_TOL = 1e-12
 #: What the float32 kernels leave (~1e-6 seen): far above DOUBLE_TOL, so a float32 run cannot pass as double.
 SINGLE_ERROR = 1e-8
-
-
-def rel(actual, expected) -> float:
-    actual, expected = (torch.as_tensor(x).detach().to(torch.complex128) for x in (actual, expected))
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 def oracle(sim, fields, *, states, **protocol):
@@ -65,11 +60,11 @@ def test_float64_agrees_with_the_float64_oracle(name):
     expected = oracle(sim, fields, states=states)
     single = sim.simulate(**tissue)
     # The float32 result is right to float32 round-off (1e-5 of the largest sample), not to float64's.
-    assert single.dtype == torch.complex64 and SINGLE_ERROR < rel(single, expected) < 1e-5
+    assert single.dtype == torch.complex64 and SINGLE_ERROR < rel_max_err(single, expected) < 1e-5
     for dtype in (F64, torch.complex128):
         for _ in range(3):  # the structure cache: walked, then resolved, then evaluated from the resolved map
             double = sim.simulate(**tissue, dtype=dtype)
-            assert double.dtype == torch.complex128 and rel(double, expected) < DOUBLE_TOL
+            assert double.dtype == torch.complex128 and rel_max_err(double, expected) < DOUBLE_TOL
     assert sim.simulate(**tissue, dtype=torch.complex64).dtype == torch.complex64
     assert torch.equal(sim.simulate(**tissue, dtype=torch.float32), single)
 
@@ -80,10 +75,10 @@ def test_constructor_bind_and_from_description_take_dtype():
     expected = oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20)
     for double in (MRFSimulator(flip=flips, TR=10.0, states=20, dtype=F64), sim.bind(dtype=F64)):
         got = double.simulate(T1=T1, T2=T2)
-        assert got.dtype == torch.complex128 and rel(got, expected) < DOUBLE_TOL
+        assert got.dtype == torch.complex128 and rel_max_err(got, expected) < DOUBLE_TOL
     stored = Simulator.from_description(sim.describe(), model=SpinPhysics(operators=UNBALANCED), states=20, dtype=F64)
     got = stored.simulate(T1=T1, T2=T2)  # the raw engine value: no post-rotation
-    assert got.dtype == torch.complex128 and rel(got * 1j, expected) < DOUBLE_TOL
+    assert got.dtype == torch.complex128 and rel_max_err(got * 1j, expected) < DOUBLE_TOL
 
 
 def test_float64_jacobian_and_gradient():
@@ -98,13 +93,13 @@ def test_float64_jacobian_and_gradient():
             expected = fwAD.unpack_dual(oracle(sim, fields, states=20)).tangent
         # Each column on its own scale (dS/dT1 ~1e-4 per ms, dS/dT2 ~1e-3): float64 round-off, 1e-10 for
         # derivatives (the forward-mode kernels against the oracle's forward mode, ~1e-13 seen).
-        assert rel(jac[..., p, :], expected) < 1e-10
+        assert rel_max_err(jac[..., p, :], expected) < 1e-10
 
     leaf = flips.clone().requires_grad_()
     sim.simulate(flip=leaf, T1=T1, T2=T2, dtype=F64).abs().sum().backward()
     reference = flips.clone().requires_grad_()
     oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20, flip=reference).abs().sum().backward()
-    assert rel(leaf.grad, reference.grad) < 1e-10  # the reverse kernels in float64, as above
+    assert rel_max_err(leaf.grad, reference.grad) < 1e-10  # the reverse kernels in float64, as above
 
 
 def test_steady_state_keeps_float64():
