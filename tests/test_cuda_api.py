@@ -21,24 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.cuda
-
-
-def _cuda_ready() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from blochsim import _native
-
-        _native.cuda_library()
-    except Exception:
-        return False
-    return True
-
-
-if not _cuda_ready():
-    pytest.skip("needs an NVIDIA GPU and a blochsim CUDA build (BLOCHSIM_CUDA_LIBRARY or blochsim[cuNN])",
-                allow_module_level=True)
+pytestmark = pytest.mark.cuda  # skipped without a card and a CUDA build (conftest)
 
 
 def to_card(t: torch.Tensor) -> torch.Tensor:
