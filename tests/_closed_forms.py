@@ -76,9 +76,8 @@ def bssfp_fixed_point(flip_deg, tr_ms, te_ms, t1_ms, t2_ms, b0_hz, chemshift_hz,
     precess = np.array([[math.cos(psi), math.sin(psi), 0], [-math.sin(psi), math.cos(psi), 0], [0, 0, 1]])
     e1, e2 = math.exp(-tr_ms / t1_ms), math.exp(-tr_ms / t2_ms)
     m = np.linalg.solve(np.eye(3) - rx @ np.diag([e2, e2, e1]) @ precess, rx @ np.array([0, 0, 1 - e1]))
-    f_plus = complex(m[0], m[1]) * math.exp(-te_ms / t2_ms) * cmath.exp(-2j * math.pi * (b0_hz - chemshift_hz)
-                                                                          * te_ms * 1e-3)
-    return -f_plus
+    turn = cmath.exp(-2j * math.pi * (b0_hz - chemshift_hz) * te_ms * 1e-3)
+    return -complex(m[0], m[1]) * math.exp(-te_ms / t2_ms) * turn
 
 
 def ir_truefisp(flip_rad, ti_ms, t1_ms, t2_ms, efficiency) -> float:

@@ -18,6 +18,7 @@ explicit `states` (never the engine's default, which the oracle does not share).
 
 from __future__ import annotations
 
+import cmath
 import functools
 import math
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
+from blochsim._reference import play
 from blochsim.sequence import (
     AdcRole,
     Delay,
@@ -119,6 +122,34 @@ def column_rel_err(actual: torch.Tensor, expected: torch.Tensor, *, axis: int = 
 
 def f64(values) -> torch.Tensor:
     return torch.as_tensor(values, dtype=F64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulators against the oracle
+# ---------------------------------------------------------------------------------------------
+
+
+def simulator_oracle(sim, fields: dict, *, states: int, repetitions: int | None = None, record: str = "all",
+                     **protocol) -> torch.Tensor:
+    """What `sim.simulate(**protocol)` returns, from the float64 oracle: the samples of `sim.describe(**protocol)`
+    for the tissue `fields` (TissueProperties names), times the simulator's post-rotation. `repetitions`: the
+    simulator's class default unless given, as `simulate` plays."""
+    repetitions = type(sim).repetitions if repetitions is None else repetitions
+    signal = play(sim.describe(**protocol), TissueProperties(**fields), states=states, repetitions=repetitions,
+                  record=record).signal
+    return signal * cmath.exp(1j * sim.post_rotation_rad)
+
+
+def simulator_oracle_jacobian(sim, fields: dict, names, **kwargs) -> torch.Tensor:
+    """Forward-mode columns of `simulator_oracle` along the tissue fields `names`: (*voxel, P, samples)."""
+    columns = []
+    for name in names:
+        dual = {k: torch.as_tensor(v, dtype=F64) for k, v in fields.items()}
+        with fwAD.dual_level():
+            dual[name] = fwAD.make_dual(dual[name], torch.ones_like(dual[name]))
+            columns.append(fwAD.unpack_dual(simulator_oracle(sim, dual, **kwargs)).tangent)
+    shape = torch.broadcast_shapes(*(c.shape for c in columns))
+    return torch.stack([c.expand(shape) for c in columns], -2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -629,7 +629,7 @@ def test_rf_frequencies_moved_by_the_protocol_are_never_stale():
         want = Offset(resolve=False, pulse=pulse).simulate(offset_hz=torch.tensor(hz), **tissue)
         assert torch.equal(got, want), hz
     assert rel_max_err(sim.simulate(offset_hz=torch.tensor(100.0), **tissue),
-               sim.simulate(offset_hz=torch.tensor(2000.0), **tissue)) > 1e-4  # the test can tell them apart
+                       sim.simulate(offset_hz=torch.tensor(2000.0), **tissue)) > 1e-4  # the test can tell them apart
 
 
 def test_irfisp_example_runs():

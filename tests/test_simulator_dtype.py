@@ -8,16 +8,12 @@ float32 result is 1e-7 to 1e-5 off: each check below would fail if the setting w
 
 from __future__ import annotations
 
-import cmath
-
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from conftest import rel_max_err
+from conftest import rel_max_err, simulator_oracle
 
-from blochsim._reference import play
 from blochsim.model import UNBALANCED, Simulator, SpinPhysics
-from blochsim.sequence import TissueProperties
 from blochsim.simulators import FSESimulator, MPnRAGESimulator, MRFSimulator, SPGRSimulator
 
 # Forward mode through the oracle loads torch's forward-mode decompositions, which script with torch.jit:
@@ -31,14 +27,6 @@ T2 = torch.tensor([40.0, 90.0], dtype=F64)
 DOUBLE_TOL = 1e-12
 #: What the float32 kernels leave (~1e-6 seen): far above DOUBLE_TOL, so a float32 run cannot pass as double.
 SINGLE_ERROR = 1e-8
-
-
-def oracle(sim, fields, *, states, **protocol):
-    """The float64 oracle's samples of `sim.describe(**protocol)` over the simulator's playings, times its
-    post-rotation."""
-    signal = play(sim.describe(**protocol), TissueProperties(**fields), states=states,
-                  repetitions=type(sim).repetitions).signal
-    return signal * cmath.exp(1j * sim.post_rotation_rad)
 
 
 SIMULATORS = {
@@ -57,7 +45,7 @@ def test_float64_agrees_with_the_float64_oracle(name):
     make, fields, states = SIMULATORS[name]
     sim = make()
     tissue = {PUBLIC[k]: v for k, v in fields.items() if k in PUBLIC}
-    expected = oracle(sim, fields, states=states)
+    expected = simulator_oracle(sim, fields, states=states)
     single = sim.simulate(**tissue)
     # The float32 result is right to float32 round-off (1e-5 of the largest sample), not to float64's.
     assert single.dtype == torch.complex64 and SINGLE_ERROR < rel_max_err(single, expected) < 1e-5
@@ -72,7 +60,7 @@ def test_float64_agrees_with_the_float64_oracle(name):
 def test_constructor_bind_and_from_description_take_dtype():
     flips = torch.linspace(5.0, 70.0, 120, dtype=F64)
     sim = MRFSimulator(flip=flips, TR=10.0, states=20)
-    expected = oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20)
+    expected = simulator_oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20)
     for double in (MRFSimulator(flip=flips, TR=10.0, states=20, dtype=F64), sim.bind(dtype=F64)):
         got = double.simulate(T1=T1, T2=T2)
         assert got.dtype == torch.complex128 and rel_max_err(got, expected) < DOUBLE_TOL
@@ -90,7 +78,7 @@ def test_float64_jacobian_and_gradient():
         fields = dict(t1_ms=T1, t2_ms=T2)
         with fwAD.dual_level():
             fields[field] = fwAD.make_dual(fields[field], torch.ones_like(fields[field]))
-            expected = fwAD.unpack_dual(oracle(sim, fields, states=20)).tangent
+            expected = fwAD.unpack_dual(simulator_oracle(sim, fields, states=20)).tangent
         # Each column on its own scale (dS/dT1 ~1e-4 per ms, dS/dT2 ~1e-3): float64 round-off, 1e-10 for
         # derivatives (the forward-mode kernels against the oracle's forward mode, ~1e-13 seen).
         assert rel_max_err(jac[..., p, :], expected) < 1e-10
@@ -98,7 +86,7 @@ def test_float64_jacobian_and_gradient():
     leaf = flips.clone().requires_grad_()
     sim.simulate(flip=leaf, T1=T1, T2=T2, dtype=F64).abs().sum().backward()
     reference = flips.clone().requires_grad_()
-    oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20, flip=reference).abs().sum().backward()
+    simulator_oracle(sim, dict(t1_ms=T1, t2_ms=T2), states=20, flip=reference).abs().sum().backward()
     assert rel_max_err(leaf.grad, reference.grad) < 1e-10  # the reverse kernels in float64, as above
 
 

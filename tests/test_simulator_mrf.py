@@ -14,24 +14,14 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.autograd.forward_ad as fwAD
-from conftest import column_rel_err, rel_max_err
+from conftest import column_rel_err, rel_max_err, simulator_oracle, simulator_oracle_jacobian
 
 import blochsim
-from blochsim._reference import play
-from blochsim.sequence import TissueProperties
 from blochsim.simulators import MRFSimulator, mrf_sim
-
-F64 = torch.float64
 
 # Forward mode (the oracle's Jacobians, closed forms, pool tables) loads torch's forward-mode decompositions,
 # which script with torch.jit: a deprecation warning of torch's, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
-
-
-def oracle(sim, *, states=10, repetitions=1, **tissue):
-    """The oracle's samples of `sim`'s description, times +i (the MRF post-rotation)."""
-    return play(sim.describe(), TissueProperties(**tissue), states=states, repetitions=repetitions).signal * 1j
 
 
 FLIPS = torch.cat([torch.linspace(5, 60, 12), torch.linspace(60, 10, 12)])
@@ -50,7 +40,8 @@ def test_against_the_oracle():
     t2 = torch.tensor([30.0, 80.0])
     sim = MRFSimulator(flip=FLIPS, TR=9.0, TI=25.0)
     got = sim.simulate(T1=t1, T2=t2, B1=torch.tensor([0.8, 1.1]), M0=2.0, inv_efficiency=0.9)
-    want = oracle(sim, t1_ms=t1, t2_ms=t2, b1=torch.tensor([0.8, 1.1]), m0=2.0, inversion_efficiency=0.9)
+    fields = dict(t1_ms=t1, t2_ms=t2, b1=torch.tensor([0.8, 1.1]), m0=2.0, inversion_efficiency=0.9)
+    want = simulator_oracle(sim, fields, states=10)
     assert got.shape == (3, 2, 24) and rel_max_err(got, want) < 1e-5
 
 
@@ -59,14 +50,16 @@ def test_per_tr_values_phases_and_off_resonance():
     phases = torch.arange(24) * 117.0 * torch.arange(1, 25) / 2  # quadratic RF phase: the complex path
     sim = MRFSimulator(flip=FLIPS, TR=tr, phases=phases)
     got = sim.simulate(T1=1000.0, T2=torch.tensor([40.0, 90.0]), B0=torch.tensor([[0.0], [25.0]]))
-    want = oracle(sim, t1_ms=1000.0, t2_ms=torch.tensor([40.0, 90.0]), b0_hz=torch.tensor([[0.0], [25.0]]))
+    fields = dict(t1_ms=1000.0, t2_ms=torch.tensor([40.0, 90.0]), b0_hz=torch.tensor([[0.0], [25.0]]))
+    want = simulator_oracle(sim, fields, states=10)
     assert got.shape == (2, 2, 24) and rel_max_err(got, want) < 1e-5
 
 
 def test_diffusion_needs_the_crusher_geometry():
     sim = MRFSimulator(flip=FLIPS, TR=12.0, crusher_dephasing_rad=4 * math.pi, voxel_size_m=1e-3)
     got = sim.simulate(T1=1000.0, T2=100.0, D=torch.tensor([0.0, 1.0, 3.0]))
-    want = oracle(sim, t1_ms=1000.0, t2_ms=100.0, diffusion_um2_per_ms=torch.tensor([0.0, 1.0, 3.0]))
+    want = simulator_oracle(sim, dict(t1_ms=1000.0, t2_ms=100.0, diffusion_um2_per_ms=torch.tensor([0.0, 1.0, 3.0])),
+                            states=10)
     assert rel_max_err(got, want) < 1e-5
     assert rel_max_err(got[2], got[0]) > 1e-3  # the physics is on
 
@@ -74,23 +67,18 @@ def test_diffusion_needs_the_crusher_geometry():
 def test_repetitions_and_states():
     sim = MRFSimulator(flip=FLIPS[:10], TR=10.0, states=6)
     got = sim.simulate(T1=800.0, T2=60.0, repetitions=3)
-    assert rel_max_err(got, oracle(sim, states=6, repetitions=3, t1_ms=800.0, t2_ms=60.0)) < 1e-5
+    assert rel_max_err(got, simulator_oracle(sim, dict(t1_ms=800.0, t2_ms=60.0), states=6, repetitions=3)) < 1e-5
     more = sim.simulate(T1=800.0, T2=60.0, repetitions=3, states=20)
-    assert rel_max_err(more, oracle(sim, states=20, repetitions=3, t1_ms=800.0, t2_ms=60.0)) < 1e-5
+    assert rel_max_err(more, simulator_oracle(sim, dict(t1_ms=800.0, t2_ms=60.0), states=20, repetitions=3)) < 1e-5
 
 
 def test_jacobian_against_the_oracle():
     sim = MRFSimulator(flip=FLIPS, TR=9.0)
     t1, t2 = torch.tensor([700.0, 1500.0]), torch.tensor([50.0, 120.0])
     _, J = sim.jacobian(("T1", "T2", "M0"), T1=t1, T2=t2, M0=1.0)
-    columns = []
-    for name in ("t1_ms", "t2_ms", "m0"):
-        fields = {"t1_ms": t1.double(), "t2_ms": t2.double(), "m0": torch.tensor(1.0, dtype=F64)}
-        with fwAD.dual_level():
-            fields[name] = fwAD.make_dual(fields[name], torch.ones_like(fields[name]))
-            columns.append(fwAD.unpack_dual(oracle(sim, **fields)).tangent)
+    want = simulator_oracle_jacobian(sim, dict(t1_ms=t1, t2_ms=t2, m0=1.0), ("t1_ms", "t2_ms", "m0"), states=10)
     # Per column: dS/dT1 (~1e-4 per ms) is 3-4 decades below dS/dM0; see conftest.column_rel_err.
-    assert J.shape == (2, 3, 24) and column_rel_err(J, torch.stack(columns, -2)) < 1e-4
+    assert J.shape == (2, 3, 24) and column_rel_err(J, want) < 1e-4
 
 
 def test_column_measure_rejects_a_t1_column_off_by_1_percent():
@@ -113,8 +101,7 @@ def test_gradient_to_the_flips():
     sim = MRFSimulator(TR=10.0)
     sim.simulate(flip=flip, T1=torch.tensor([800.0, 1200.0]), T2=70.0).real.pow(2).sum().backward()
     flip_ref = FLIPS.double().requires_grad_()
-    signal = play(sim.describe(flip=flip_ref), TissueProperties(t1_ms=torch.tensor([800.0, 1200.0]), t2_ms=70.0),
-                  states=10).signal * 1j
+    signal = simulator_oracle(sim, dict(t1_ms=torch.tensor([800.0, 1200.0]), t2_ms=70.0), states=10, flip=flip_ref)
     signal.real.pow(2).sum().backward()
     assert rel_max_err(flip.grad, flip_ref.grad) < 1e-4
 
