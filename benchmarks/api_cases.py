@@ -144,7 +144,7 @@ def main() -> None:
             smallest[name] = min(n, smallest.get(name, n))
         cases = sorted(smallest.items())
     if args.scratch_mib:
-        _execution.DEFAULT_SCRATCH_BYTES = args.scratch_mib * 2**20
+        _execution.DEFAULT_SCRATCH_BYTES = _execution.SECOND_ORDER_SCRATCH_BYTES = args.scratch_mib * 2**20
     device = torch.device(args.device)
     big = args.big if args.big is not None else (device.type == "cuda" and not (args.quick or args.cases or args.n))
     if big:
@@ -153,7 +153,8 @@ def main() -> None:
     policy = blochsim.execution(budget_bytes=args.budget_mib * 2**20) if args.budget_mib else contextlib.nullcontext()
     record = {"task": "api_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": card, "torch": torch.__version__, "budget_mib": args.budget_mib,
-              "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20, "results": []}
+              "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20,
+              "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20, "results": []}
     print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'inc ms':>9}{'ratio':>7}{'peak MiB':>10}"
           f"{'inc MiB':>9}{'ratio':>7}")
     for name, n, *tag in cases:

@@ -22,14 +22,22 @@ import torch
 
 from ._errors import check_device
 
-__all__ = ["ExecutionPolicy", "execution", "offload", "active", "applied", "as_policy", "DEFAULT_SCRATCH_BYTES"]
+__all__ = ["ExecutionPolicy", "execution", "offload", "active", "applied", "as_policy", "DEFAULT_SCRATCH_BYTES",
+           "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
 #: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
-#: inputs, outputs and torch's own backward of the loss. 192 MiB leaves the incumbent's peaks of issue 21
-#: (289-486 MiB for the pooled and HVP cases) 50 MiB or more by the byte model (docs/design.md, "Execution
-#: and memory"); benchmarks/api_cases.py --scratch-mib measures other values.
-DEFAULT_SCRATCH_BYTES = 192 * 2**20
+#: inputs, outputs and torch's own backward of the loss. Measured on the H200 (2026-12-04, api_cases.py
+#: --scratch-mib 64 / 96 / 128 / 192): with 128 MiB for first-order passes and 96 MiB for the second-order
+#: pass every gradient and HVP case peaks under the incumbent's allocation (pooledb_hvp 20k: 367 MiB at 96,
+#: 406 at 128, against 383) and runs in at most 0.5 of its time (pooled5_grad 2k: 0.38 at 128, 0.52 at 96).
+DEFAULT_SCRATCH_BYTES = 128 * 2**20
+SECOND_ORDER_SCRATCH_BYTES = 96 * 2**20
+
+
+def default_scratch_bytes(entry: str) -> int:
+    """The scratch cap of one kernel call of `entry` (a `bs_epg_*` entry point) when no budget is given."""
+    return SECOND_ORDER_SCRATCH_BYTES if entry == "bs_epg_vjp_jvp" else DEFAULT_SCRATCH_BYTES
 
 _RESERVE_BYTES = 512 * 2**20
 

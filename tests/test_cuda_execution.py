@@ -102,7 +102,7 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
 
 def test_peak_memory_under_a_budget():
     """A real gradient of 20,000 voxels over 500 TRs at 32 orders: the adjoint's scratch at checkpoint stride 4
-    is about 2.8 GB. Under a budget of 128 MiB (and under the default, scratch held to 192 MiB), the backward
+    is about 2.8 GB. Under a budget of 128 MiB (and under the default, scratch held to 128 MiB), the backward
     allocates at most the budget beyond what torch's own backward of the loss holds (the cotangent and its
     temporaries: three arrays of the signal's size), and gives the gradient of a whole call."""
     n, reps = 20000, 500

@@ -105,8 +105,10 @@ class Chunk:
 class Runner:
     """Runs one pass over `total` voxels whose inputs live on `home`, in chunks, under the active policy."""
 
-    def __init__(self, home: torch.device, total: int, label: str):
+    def __init__(self, home: torch.device, total: int, label: str, scratch_cap_bytes: int | None = None):
         self.home, self.total, self.label = home, total, label
+        #: the cap on one call's device scratch without a budget (None: _execution.DEFAULT_SCRATCH_BYTES)
+        self.scratch_cap_bytes = scratch_cap_bytes or _execution.DEFAULT_SCRATCH_BYTES
         self.policy = _execution.active()
         self.device = self.policy.device_for(home)
         self.lanes = self.policy.lanes if self.device.type == "cuda" else 1
@@ -175,13 +177,13 @@ class Runner:
             return policy.budget_bytes // self.lanes, None
         if self.device.type != "cuda":
             return None, None
-        if whole_bytes <= _SMALL_BYTES and whole_scratch <= _execution.DEFAULT_SCRATCH_BYTES:
+        if whole_bytes <= _SMALL_BYTES and whole_scratch <= self.scratch_cap_bytes:
             return None, None
         free, _ = torch.cuda.mem_get_info(self.device)
         # Memory torch holds in its cache but no tensor uses is free to the kernels' allocations too.
         free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         budget = max(free - policy.reserve_bytes, 1) // self.lanes
-        return budget, _execution.DEFAULT_SCRATCH_BYTES // self.lanes
+        return budget, self.scratch_cap_bytes // self.lanes
 
     # -- staging ----------------------------------------------------------------------------------
     def stage(self, x: torch.Tensor) -> torch.Tensor:

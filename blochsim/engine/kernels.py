@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _execution
 from .. import _native as nat
 from . import chunks
 from .program import plain
@@ -255,7 +256,8 @@ class _Placed:
     event inputs and structure on the run device (moved once per call, not per chunk)."""
 
     def __init__(self, st: Static, entry: str, label: str, inputs, arrays, query_args=None):
-        self.runner = runner = chunks.Runner(st.device, st.num_voxels, label)
+        self.runner = runner = chunks.Runner(st.device, st.num_voxels, label,
+                                             _execution.default_scratch_bytes(entry))
         self.stride = st.checkpoint_stride
         device = runner.device
         if device.type == "cuda" and st.dtype != torch.float32:
