@@ -8,13 +8,19 @@ an earlier record is never overwritten, so a number quoted from a file stays tru
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
 
 
 def commit_tag(root: Path | None = None) -> str:
-    """The short commit of the checkout, `+dirty` when tracked files differ from it; 'nogit' outside git."""
+    """The short commit of the checkout, `-dirty` when tracked files differ from it; 'nogit' outside git.
+
+    `BLOCHSIM_RECORD_COMMIT` overrides it: a copy of the tree run on another machine may carry a stale `.git`.
+    """
+    if os.environ.get("BLOCHSIM_RECORD_COMMIT"):
+        return os.environ["BLOCHSIM_RECORD_COMMIT"]
     root = root or Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
