@@ -15,27 +15,10 @@ from __future__ import annotations
 import cmath
 import math
 
+import _closed_forms as C
 import numpy as np
 import pytest
 import torch
-from _closed_forms import (
-    GAMMA_BAR_HZ_PER_T,
-    bssfp_fixed_point,
-    buxton_asl,
-    diffusion_tensor,
-    ernst,
-    freeman_hill,
-    hsfp_periodic_state,
-    inversion_recovery,
-    ir_truefisp,
-    look_locker_continuous,
-    look_locker_mz,
-    lorentzian_z,
-    molli_mz,
-    mp2rage_shot_by_shot,
-    spin_echo,
-    water_fat,
-)
 from conftest import f64, rel_max_err
 
 import blochsim.simulators._formulas as F
@@ -72,12 +55,12 @@ def test_spgr_is_the_ernst_signal_with_the_closed_form_phase():
     for v in range(3):
         for j in range(4):
             a, t = float(flip[j]) * DEG, float(te[j])
-            expected[v, j] = (m0[v] * ernst(a, tr, t1[v]) * math.exp(-t / t2s[v])
+            expected[v, j] = (m0[v] * C.ernst(a, tr, t1[v]) * math.exp(-t / t2s[v])
                               * cmath.exp(2j * math.pi * (cs[v] - b0[v]) * t / 1e3))
     assert rel_max_err(signal, expected) < REL
     # Without T2star there is no decay, and on resonance the value is real and positive (API.md 1.6).
     plain = F.spgr(f64(20.0), 10.0, 5.0, T1=800.0)
-    assert rel_max_err(plain, ernst(20 * DEG, 10.0, 800.0)) < REL
+    assert rel_max_err(plain, C.ernst(20 * DEG, 10.0, 800.0)) < REL
 
 
 @pytest.mark.parametrize("spectrum", sorted(FAT_SPECTRA))
@@ -100,8 +83,8 @@ def test_multigradientecho_water_plus_multipeak_fat(spectrum):
     expected = [
         [
             complex(m0[v, 0])
-            * water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=ff[v], fat_phase_deg=phase[v], b0_hz=b0[v],
-                        t2s_ms=t2s, fat_t2s_ms=fat_t2s, field_t=field)
+            * C.water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=ff[v], fat_phase_deg=phase[v], b0_hz=b0[v],
+                          t2s_ms=t2s, fat_t2s_ms=fat_t2s, field_t=field)
             for t in te
         ]
         for v in range(3)
@@ -111,8 +94,8 @@ def test_multigradientecho_water_plus_multipeak_fat(spectrum):
     # fat_T2star defaults to T2star; without T2star nothing decays, so |S(0)| = |M0|.
     one_r2 = F.multigradientecho(f64(te), T2star=t2s, fat_fraction=0.3, fat_spectrum=spectrum)
     expected = [
-        water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=0.3, fat_phase_deg=0, b0_hz=0, t2s_ms=t2s,
-                  fat_t2s_ms=t2s, field_t=3.0)
+        C.water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=0.3, fat_phase_deg=0, b0_hz=0, t2s_ms=t2s,
+                    fat_t2s_ms=t2s, field_t=3.0)
         for t in te
     ]
     assert rel_max_err(one_r2, expected) < REL
@@ -124,7 +107,7 @@ def test_fat_peaks_sit_below_water_with_the_documented_sign():
     # like B0 = +434 Hz does for water. Checked on the one-peak spectrum given as a (ppm, amplitude) pair.
     te = f64([0.3, 0.7, 1.3])
     fat = F.multigradientecho(te, fat_fraction=1.0, fat_spectrum=((-3.4,), (1.0,)))
-    water_shifted = F.multigradientecho(te, B0=3.4e-6 * GAMMA_BAR_HZ_PER_T * 3.0)
+    water_shifted = F.multigradientecho(te, B0=3.4e-6 * C.GAMMA_BAR_HZ_PER_T * 3.0)
     assert rel_max_err(fat, water_shifted) < REL
 
 
@@ -146,16 +129,16 @@ def test_irmultigradientecho_each_species_recovers_then_decays():
     )
     expected = []
     for a, t in zip(ti, te, strict=True):
-        water = (1 - ff) * inversion_recovery(a, t1, eff)
-        fat = ff * inversion_recovery(a, fat_t1, fat_eff)
+        water = (1 - ff) * C.inversion_recovery(a, t1, eff)
+        fat = ff * C.inversion_recovery(a, fat_t1, fat_eff)
         expected.append(
-            water_fat(t, peaks=FAT_SPECTRA["hamilton2011"], fat_fraction=ff, fat_phase_deg=20.0, b0_hz=7.0,
-                      t2s_ms=25.0, fat_t2s_ms=12.0, field_t=3.0, water=water, fat=fat)
+            C.water_fat(t, peaks=FAT_SPECTRA["hamilton2011"], fat_fraction=ff, fat_phase_deg=20.0, b0_hz=7.0,
+                        t2s_ms=25.0, fat_t2s_ms=12.0, field_t=3.0, water=water, fat=fat)
         )
     assert rel_max_err(signal, expected) < REL
     # Defaults: fat_T1 = T1, fat_inv_efficiency = inv_efficiency: both species recover alike.
     same = F.irmultigradientecho(f64(ti), 0.0, T1=t1, fat_fraction=ff, inv_efficiency=eff)
-    assert rel_max_err(same, [inversion_recovery(a, t1, eff) for a in ti]) < REL
+    assert rel_max_err(same, [C.inversion_recovery(a, t1, eff) for a in ti]) < REL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +156,7 @@ def test_bssfp_matches_the_numeric_steady_state():
     ]
     for flip, tr, te, t1, t2, cs, inc in cases:
         signal = F.bssfp(f64(flip), tr, te, T1=t1, T2=t2, B0=f64(b0), chemshift=cs, phase_inc=inc)
-        expected = [bssfp_fixed_point(flip, tr, te, t1, t2, b, cs, inc) for b in b0]
+        expected = [C.bssfp_fixed_point(flip, tr, te, t1, t2, b, cs, inc) for b in b0]
         assert rel_max_err(signal, expected) < REL, (flip, tr, te, t1, t2, cs, inc)
 
 
@@ -182,7 +165,7 @@ def test_bssfp_published_number_and_on_resonance_phase():
     value = complex(F.bssfp(f64(60.0), 10.0, 5.0, T1=1000.0, T2=100.0))
     assert abs(value.real) < 1e-15 and round(value.imag, 4) == 0.1332
     # Two algebraically equal float64 forms: they differ by tens of ulp of 0.13 (1.3e-15 seen on one machine's libm).
-    assert abs(value.imag - freeman_hill(60 * DEG, 10.0, 1000.0, 100.0) * math.exp(-5 / 100)) < 1e-14
+    assert abs(value.imag - C.freeman_hill(60 * DEG, 10.0, 1000.0, 100.0) * math.exp(-5 / 100)) < 1e-14
     # TE defaults to TR/2.
     assert rel_max_err(F.bssfp(f64(60.0), 10.0, T1=1000.0, T2=100.0), value) < REL
 
@@ -217,7 +200,7 @@ def test_irbssfp_single_exponential_approach():
     expected = np.zeros((2, 5))
     for v in range(2):
         for j, t in enumerate(ti.tolist()):
-            expected[v, j] = m0 * ir_truefisp(b1 * flip * DEG, t, float(t1[v, 0]), float(t2[v, 0]), eff)
+            expected[v, j] = m0 * C.ir_truefisp(b1 * flip * DEG, t, float(t1[v, 0]), float(t2[v, 0]), eff)
     assert signal.dtype == F64 and rel_max_err(signal, expected) < REL
     assert abs(float(signal[0, 0]) + m0 * eff * math.sin(b1 * flip * DEG / 2)) < 1e-15
 
@@ -230,7 +213,7 @@ def test_hsfp_periodic_steady_state(beta):
     signal = F.hsfp(f64(flips), tr, T1=t1, T2=t2, M0=f64([[1.0], [0.8]]), beta=beta)
     # Each pass contracts the start by |beta| e^{-sum TR R_n} <= e^{-3} here: 40 passes leave < 1e-50.
     expected = [
-        [m * s for s in hsfp_periodic_state(flips, tr, float(t1[v, 0]), float(t2[v, 0]), beta, passes=40)]
+        [m * s for s in C.hsfp_periodic_state(flips, tr, float(t1[v, 0]), float(t2[v, 0]), beta, passes=40)]
         for v, m in enumerate((1.0, 0.8))
     ]
     assert signal.shape == (2, n) and rel_max_err(signal, expected) < REL
@@ -245,13 +228,13 @@ def test_looklocker_is_exact_on_the_pulse_grid():
     flip, tr, t1, b1, eff, m0 = 8.0, 12.0, 850.0, 1.1, 0.93, 1.3
     k = np.arange(0, 300, 7)
     a = b1 * flip * DEG
-    from_eq, _ = look_locker_mz(-eff, a, tr, t1, 300)
+    from_eq, _ = C.look_locker_mz(-eff, a, tr, t1, 300)
     signal = F.looklocker(f64(flip), tr, f64(k * tr), T1=t1, M0=m0, B1=b1, inv_efficiency=eff)
     assert rel_max_err(signal, [m0 * from_eq[j] * math.sin(a) for j in k]) < REL
     # from_steady_state: the inversion acts on the train's own steady state, reached here by playing
     # 5000 pulses (transient (E1 cos a)^5000 ~ e^{-70}).
-    _, steady = look_locker_mz(1.0, a, tr, t1, 5000)
-    repeated, _ = look_locker_mz(-eff * steady, a, tr, t1, 300)
+    _, steady = C.look_locker_mz(1.0, a, tr, t1, 5000)
+    repeated, _ = C.look_locker_mz(-eff * steady, a, tr, t1, 300)
     signal = F.looklocker(f64(flip), tr, f64(k * tr), T1=t1, M0=m0, B1=b1, inv_efficiency=eff, from_steady_state=True)
     assert rel_max_err(signal, [m0 * repeated[j] * math.sin(a) for j in k]) < REL
 
@@ -260,7 +243,7 @@ def test_looklocker_short_tr_uses_the_continuous_steady_state():
     flip, tr, t1, eff = 6.0, 5.0, 1100.0, 1.0
     ti = f64([0.0, 100.0, 555.5, 2000.0])
     # A = M0 T1*/T1, the textbook three-parameter fit's A.
-    expected = [look_locker_continuous(flip * DEG, tr, t, t1, eff) for t in ti.tolist()]
+    expected = [C.look_locker_continuous(flip * DEG, tr, t, t1, eff) for t in ti.tolist()]
     assert rel_max_err(F.looklocker(f64(flip), tr, ti, T1=t1, short_TR=True), expected) < REL
 
 
@@ -269,7 +252,7 @@ def test_molli_blocks_with_free_recovery():
     t1 = [400.0, 1200.0]
     signal = F.molli(f64(flip), tr, readouts, recovery, T1=f64(t1).reshape(-1, 1), M0=m0, inv_efficiency=eff)
     assert signal.shape == (2, sum(readouts))
-    expected = [[m0 * mz * math.sin(flip * DEG) for mz in molli_mz(flip * DEG, tr, readouts, recovery, T1, eff)]
+    expected = [[m0 * mz * math.sin(flip * DEG) for mz in C.molli_mz(flip * DEG, tr, readouts, recovery, T1, eff)]
                 for T1 in t1]
     assert rel_max_err(signal, expected) < REL
 
@@ -290,8 +273,8 @@ def test_mp2rage_matches_the_shot_by_shot_recursion(ti, flips, tr, tr_mp2rage, n
     )
     # The cycle map contracts by eff e^{-TRmp2rage/T1} < 0.2 here: 25 cycles leave < 1e-17.
     expected = [
-        [m0 * s for s in mp2rage_shot_by_shot(ti, [b1 * f for f in flips], tr, tr_mp2rage, before, after, T1, eff,
-                                              cycles=25)]
+        [m0 * s for s in C.mp2rage_shot_by_shot(ti, [b1 * f for f in flips], tr, tr_mp2rage, before, after, T1, eff,
+                                                cycles=25)]
         for T1 in t1
     ]
     assert signal.shape == (3, 2) and rel_max_err(signal, expected) < REL
@@ -324,21 +307,21 @@ def test_mp2rage_timing_errors(ti, tr_mp2rage, nshots, match):
 def test_relaxometry_textbook_formulas():
     ti, t1, t2, eff, m0, off = [30.0, 400.0, 1500.0], 900.0, 70.0, 0.92, 1.3, 0.05
     ir = F.inversion_recovery(f64(ti), T1=t1, M0=m0, inv_efficiency=eff, offset=off)
-    assert rel_max_err(ir, [m0 * inversion_recovery(t, t1, eff) + off for t in ti]) < REL
+    assert rel_max_err(ir, [m0 * C.inversion_recovery(t, t1, eff) + off for t in ti]) < REL
     tr = 2000.0
     ir_tr = F.inversion_recovery(f64(ti), tr, T1=t1, M0=m0, inv_efficiency=eff, offset=off)
     # Mz before the inversion is 1 - e^{-(TR - TI)/T1} (the readout at TI saturates).
-    assert rel_max_err(ir_tr, [m0 * inversion_recovery(t, t1, eff, tr) + off for t in ti]) < REL
+    assert rel_max_err(ir_tr, [m0 * C.inversion_recovery(t, t1, eff, tr) + off for t in ti]) < REL
 
     te = [10.0, 20.0, 40.0, 80.0]
     assert rel_max_err(F.multiecho(f64(te), T2=t2, M0=m0, offset=off), [m0 * math.exp(-t / t2) + off for t in te]) < REL
 
     tr = 600.0
     se = F.spin_echo(f64(te), tr, T1=t1, T2=t2, M0=m0)
-    expected = [m0 * spin_echo(t, tr, t1, t2) for t in te]
+    expected = [m0 * C.spin_echo(t, tr, t1, t2) for t in te]
     assert rel_max_err(se, expected) < REL
     se_ir = F.spin_echo(f64(te), tr, 250.0, T1=t1, T2=t2, M0=m0, inv_efficiency=eff)
-    factor = inversion_recovery(250.0, t1, eff)
+    factor = C.inversion_recovery(250.0, t1, eff)
     assert rel_max_err(se_ir, [e * factor for e in expected]) < REL
 
     flips, b1 = [30.0, 60.0, 120.0], [[0.8], [1.15]]
@@ -358,7 +341,7 @@ def test_diffusion_isotropic_and_tensor():
     signal = F.diffusion(f64(b), f64(g * 2.5), M0=1.0, **{k: f64(v) for k, v in components.items()})
     c = components
     tensor = np.array([[c["Dxx"], c["Dxy"], c["Dxz"]], [c["Dxy"], c["Dyy"], c["Dyz"]], [c["Dxz"], c["Dyz"], c["Dzz"]]])
-    expected = [1.0] + [diffusion_tensor(b[j], g[j], tensor) for j in range(1, 5)]
+    expected = [1.0] + [C.diffusion_tensor(b[j], g[j], tensor) for j in range(1, 5)]
     assert rel_max_err(signal, expected) < REL
     # An isotropic tensor gives the scalar result; off-diagonals left out are 0.
     diag = F.diffusion(f64(b), f64(g), Dxx=1.1, Dyy=1.1, Dzz=1.1)
@@ -374,7 +357,7 @@ def test_asl_buxton_kinetic_model(labelling):
     col = lambda x: f64(x).reshape(-1, 1)  # noqa: E731
     signal = F.asl(f64(t), tau, CBF=col(cbf), ATT=col(att), T1=t1, M0=m0, labelling=labelling)
     expected = [
-        [buxton_asl(x, tau, cbf[v], att[v], t1, m0, t1b, lam, alpha, labelling) for x in t] for v in range(2)
+        [C.buxton_asl(x, tau, cbf[v], att[v], t1, m0, t1b, lam, alpha, labelling) for x in t] for v in range(2)
     ]
     assert signal.dtype == F64 and rel_max_err(signal, expected) < 1e-10  # quadrature at 1e-13, closed form exact
     assert float(signal[1, 0]) == 0.0 and float(signal[1, 2]) == 0.0  # the bolus has not arrived
@@ -385,7 +368,7 @@ def test_lorentzian_pools():
     amplitudes, widths, shifts = [0.8, 0.1, 0.05], [1.5, 0.8, 3.0], [0.0, 3.5, -2.5]
     signal = F.lorentzian(offsets, amplitudes=amplitudes, widths=widths, shifts=shifts, M0=0.9)
     pools = list(zip(amplitudes, widths, shifts, strict=True))
-    assert rel_max_err(signal, [lorentzian_z(x, pools, 0.9) for x in offsets.tolist()]) < REL
+    assert rel_max_err(signal, [C.lorentzian_z(x, pools, 0.9) for x in offsets.tolist()]) < REL
 
 
 # ---------------------------------------------------------------------------------------------

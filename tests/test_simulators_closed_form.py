@@ -21,25 +21,10 @@ import cmath
 import inspect
 import math
 
+import _closed_forms as C
 import numpy as np
 import pytest
 import torch
-from _closed_forms import (
-    bssfp_fixed_point,
-    buxton_asl,
-    diffusion_tensor,
-    ernst,
-    hsfp_periodic_state,
-    inversion_recovery,
-    ir_truefisp,
-    look_locker_continuous,
-    look_locker_mz,
-    lorentzian_z,
-    molli_mz,
-    mp2rage_signal_equation,
-    spin_echo,
-    water_fat,
-)
 from conftest import f64, rel_max_err
 
 from blochsim.simulators.asl import ASLSimulator, asl_sim
@@ -94,7 +79,7 @@ def test_spgr_is_the_ernst_signal():
     t1, t2s, b0, cs = [300.0, 900.0, 1500.0, 2500.0], [20.0, 45.0, 80.0], -15.0, 12.0
     expected = np.zeros((4, 3, 3), complex)
     for i, j, k in np.ndindex(4, 3, 3):
-        expected[i, j, k] = (0.7 * ernst(flip[k] * DEG, tr, t1[i]) * math.exp(-te / t2s[j])
+        expected[i, j, k] = (0.7 * C.ernst(flip[k] * DEG, tr, t1[i]) * math.exp(-te / t2s[j])
                              * cmath.exp(2j * math.pi * (cs - b0) * te * 1e-3))
     tissue = exact(T1=col(t1), T2star=t2s, B0=b0, chemshift=cs, M0=0.7)
     signal = SPGRSimulator(flip=f64(flip), TR=tr, TE=te).simulate(**tissue)
@@ -102,7 +87,7 @@ def test_spgr_is_the_ernst_signal():
     assert rel_max_err(spgr_sim(f64(flip), te, tr, **tissue), expected) < REL
     # On resonance the value is the real, positive Ernst signal (API.md 1.6); without T2star no decay.
     plain = SPGRSimulator(flip=20.0, TR=10.0, TE=5.0).simulate(T1=f64(800.0))
-    assert rel_max_err(plain, ernst(20 * DEG, 10.0, 800.0)) < REL
+    assert rel_max_err(plain, C.ernst(20 * DEG, 10.0, 800.0)) < REL
 
 
 @pytest.mark.parametrize("phase_inc", [180.0, 90.0, 0.0])
@@ -111,7 +96,7 @@ def test_bssfp_against_the_bloch_fixed_point(phase_inc):
     t1, t2, b0 = [600.0, 1200.0], [40.0, 150.0], [-60.0, -11.0, 0.0, 23.0, 80.0]
     expected = np.zeros((2, 2, 5, 3), complex)
     for i, j, k, n in np.ndindex(*expected.shape):
-        expected[i, j, k, n] = 1.3 * bssfp_fixed_point(flip[n], tr, te, t1[i], t2[j], b0[k], cs, phase_inc)
+        expected[i, j, k, n] = 1.3 * C.bssfp_fixed_point(flip[n], tr, te, t1[i], t2[j], b0[k], cs, phase_inc)
     tissue = exact(T1=f64(t1).reshape(2, 1, 1), T2=col(t2), B0=b0, chemshift=cs, M0=1.3)
     signal = bSSFPSimulator(flip=f64(flip), TR=tr, TE=te, phase_inc=phase_inc).simulate(**tissue)
     assert signal.dtype == torch.complex128 and signal.shape == (2, 2, 5, 3) and rel_max_err(signal, expected) < REL
@@ -126,7 +111,7 @@ def test_bssfp_published_value():
     assert abs(value - 0.1332j) < 5e-5 and abs(value.real) < 1e-6
     exact = complex(bssfp_sim(60.0, 5.0, 10.0, f64(1000.0), 100.0))
     # Two float64 evaluations of one closed form: tens of ulp of 0.13 apart (1.3e-15 seen on one machine's libm).
-    assert abs(exact - bssfp_fixed_point(60.0, 10.0, 5.0, 1000.0, 100.0, 0.0, 0.0, 180.0)) < 1e-14
+    assert abs(exact - C.bssfp_fixed_point(60.0, 10.0, 5.0, 1000.0, 100.0, 0.0, 0.0, 180.0)) < 1e-14
     # TE defaults to TR/2: the function form's TE=None is dropped, so the class default applies.
     assert complex(bssfp_sim(60.0, None, 10.0, f64(1000.0), 100.0)) == exact
 
@@ -136,7 +121,7 @@ def test_irbssfp_schmitt():
     t1, t2, b1, eff = [800.0, 1400.0], 90.0, 0.9, 0.95
     expected = np.zeros((2, 5))
     for i, k in np.ndindex(2, 5):
-        expected[i, k] = 2.0 * ir_truefisp(b1 * flip * DEG, ti[k], t1[i], t2, eff)
+        expected[i, k] = 2.0 * C.ir_truefisp(b1 * flip * DEG, ti[k], t1[i], t2, eff)
     tissue = exact(T1=f64(t1), T2=t2, B1=b1, inv_efficiency=eff, M0=2.0)
     assert rel_max_err(IRbSSFPSimulator(flip=flip, TI=f64(ti)).simulate(**tissue), expected) < REL
     assert rel_max_err(irbssfp_sim(flip, f64(ti), f64(t1), t2, None, f64(b1), f64(eff), 2.0), expected) < REL
@@ -145,8 +130,8 @@ def test_irbssfp_schmitt():
 @pytest.mark.parametrize("spectrum", sorted(FAT_SPECTRA))
 def test_multigradientecho_multipeak_fat(spectrum):
     te, ff, t2s, fat_t2s, b0, phase, field = [1.1, 2.3, 3.5, 4.7], [0.0, 0.2, 0.6], 30.0, 15.0, 25.0, 20.0, 1.5
-    expected = [[water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=f, fat_phase_deg=phase, b0_hz=b0, t2s_ms=t2s,
-                           fat_t2s_ms=fat_t2s, field_t=field) for t in te] for f in ff]
+    expected = [[C.water_fat(t, peaks=FAT_SPECTRA[spectrum], fat_fraction=f, fat_phase_deg=phase, b0_hz=b0, t2s_ms=t2s,
+                             fat_t2s_ms=fat_t2s, field_t=field) for t in te] for f in ff]
     expected = 0.8 * np.array(expected)
     tissue = exact(fat_fraction=f64(ff), T2star=t2s, fat_T2star=fat_t2s, B0=b0, fat_phase=phase, M0=0.8)
     sim = MultiGradientEchoSimulator(TE=f64(te), field_strength=field, fat_spectrum=spectrum)
@@ -163,10 +148,10 @@ def test_irmultigradientecho_each_species_recovers_then_decays():
     t1, fat_t1, eff, fat_eff, ff, t2s = [900.0, 1500.0], 300.0, 0.95, 0.9, 0.3, 35.0
     expected = np.zeros((2, 4), complex)
     for i, k in np.ndindex(2, 4):
-        water = (1 - ff) * inversion_recovery(ti[k], t1[i], eff)
-        fat = ff * inversion_recovery(ti[k], fat_t1, fat_eff)
-        expected[i, k] = water_fat(te[k], peaks=FAT_SPECTRA["hamilton2011"], fat_fraction=ff, fat_phase_deg=0.0,
-                                   b0_hz=10.0, t2s_ms=t2s, fat_t2s_ms=t2s, field_t=3.0, water=water, fat=fat)
+        water = (1 - ff) * C.inversion_recovery(ti[k], t1[i], eff)
+        fat = ff * C.inversion_recovery(ti[k], fat_t1, fat_eff)
+        expected[i, k] = C.water_fat(te[k], peaks=FAT_SPECTRA["hamilton2011"], fat_fraction=ff, fat_phase_deg=0.0,
+                                     b0_hz=10.0, t2s_ms=t2s, fat_t2s_ms=t2s, field_t=3.0, water=water, fat=fat)
     tissue = exact(T1=f64(t1), fat_T1=fat_t1, inv_efficiency=eff, fat_inv_efficiency=fat_eff, fat_fraction=ff,
                    T2star=t2s, B0=10.0)
     assert rel_max_err(IRMultiGradientEchoSimulator(TI=f64(ti), TE=f64(te)).simulate(**tissue), expected) < REL
@@ -178,7 +163,7 @@ def test_irmultigradientecho_each_species_recovers_then_decays():
 def test_hsfp_periodic_steady_state():
     flips, tr, t1, t2, beta = [10.0, 40.0, 70.0, 50.0, 20.0, 5.0], 5.0, [700.0, 1300.0], 60.0, -1.0
     # 400 passes: the start converges like (beta prod A)^k, here < 0.92^k: 1e-14 by 400.
-    expected = [hsfp_periodic_state(flips, tr, t, t2, beta, passes=400) for t in t1]
+    expected = [C.hsfp_periodic_state(flips, tr, t, t2, beta, passes=400) for t in t1]
     assert rel_max_err(HSFPSimulator(flip=f64(flips), TR=tr).simulate(T1=f64(t1), T2=t2), expected) < 1e-9
     assert rel_max_err(hsfp_sim(f64(flips), tr, f64(t1), t2), expected) < 1e-9
 
@@ -187,25 +172,25 @@ def test_looklocker_is_exact_on_the_pulse_grid():
     flip, tr, t1, b1, eff = 8.0, 50.0, [600.0, 1100.0], 0.9, 0.97
     ti = f64([0.0, 50.0, 200.0, 1000.0, 3000.0])  # multiples of TR: pulses 0, 1, 4, 20, 60
     a = b1 * flip * DEG
-    expected = [[look_locker_mz(-eff, a, tr, t, 61)[0][int(x) // 50] * math.sin(a) for x in ti] for t in t1]
+    expected = [[C.look_locker_mz(-eff, a, tr, t, 61)[0][int(x) // 50] * math.sin(a) for x in ti] for t in t1]
     tissue = exact(T1=f64(t1), B1=b1, inv_efficiency=eff)
     assert rel_max_err(LookLockerSimulator(flip=flip, TR=tr, TI=ti).simulate(**tissue), expected) < REL
     assert rel_max_err(looklocker_sim(flip, tr, ti, f64(t1), None, False, False, f64(b1), f64(eff)), expected) < REL
     # from_steady_state: the inversion acts on the train's own steady state (a train run to convergence).
-    steady = [look_locker_mz(1.0, a, tr, t, 2000)[1] for t in t1]
-    expected = [[look_locker_mz(-eff * s, a, tr, t, 61)[0][int(x) // 50] * math.sin(a) for x in ti]
+    steady = [C.look_locker_mz(1.0, a, tr, t, 2000)[1] for t in t1]
+    expected = [[C.look_locker_mz(-eff * s, a, tr, t, 61)[0][int(x) // 50] * math.sin(a) for x in ti]
                 for t, s in zip(t1, steady, strict=True)]
     out = LookLockerSimulator(flip=flip, TR=tr, TI=ti, from_steady_state=True).simulate(**tissue)
     assert rel_max_err(out, expected) < 1e-9
     # short_TR: the continuous-readout limit M_ss = R1/R1* (Deichmann & Haase 1992).
     t = 1100.0
-    expected = [look_locker_continuous(flip * DEG, tr, x, t, 1.0) for x in ti.tolist()]
+    expected = [C.look_locker_continuous(flip * DEG, tr, x, t, 1.0) for x in ti.tolist()]
     assert rel_max_err(looklocker_sim(flip, tr, ti, f64(t), short_TR=True), expected) < REL
 
 
 def test_molli_blocks_with_free_recovery():
     flip, tr, readouts, recovery, t1, eff = 35.0, 900.0, (5, 3, 3), 2500.0, [400.0, 1200.0], 0.96
-    expected = [[mz * math.sin(flip * DEG) for mz in molli_mz(flip * DEG, tr, readouts, recovery, t, eff)]
+    expected = [[mz * math.sin(flip * DEG) for mz in C.molli_mz(flip * DEG, tr, readouts, recovery, t, eff)]
                 for t in t1]
     tissue = exact(T1=f64(t1), inv_efficiency=eff)
     sim = MOLLISimulator(flip=flip, TR=tr, readouts=readouts, recovery=recovery)
@@ -219,7 +204,7 @@ def test_molli_blocks_with_free_recovery():
 @pytest.mark.parametrize("nshots, split", [(176, (88, 88)), ((60, 100), (60, 100))])
 def test_mp2rage_signal_equation(nshots, split):
     ti, flips, tr, tr_mp2rage, t1, eff = [900.0, 2750.0], [4.0, 5.0], 7.0, 6250.0, [700.0, 1400.0, 4000.0], 0.96
-    expected = 1.5 * np.array([mp2rage_signal_equation(ti, flips, tr, tr_mp2rage, *split, t, eff) for t in t1])
+    expected = 1.5 * np.array([C.mp2rage_signal_equation(ti, flips, tr, tr_mp2rage, *split, t, eff) for t in t1])
     sim = MP2RAGESimulator(TI=ti, flip=flips, TRspgr=tr, TRmp2rage=tr_mp2rage, nshots=nshots)
     signal = sim.simulate(**exact(T1=t1, inv_efficiency=eff, M0=1.5))
     assert signal.dtype == F64 and signal.shape == (3, 2) and rel_max_err(signal, expected) < REL
@@ -232,11 +217,11 @@ def test_mp2rage_signal_equation(nshots, split):
 def test_relaxometry_textbook_formulas():
     ti, tr, t1, eff = [50.0, 300.0, 900.0, 2000.0], 3000.0, [500.0, 1300.0], 0.93
     # Inversion recovery: the readout at TI saturates; Mz recovers for TR - TI, is inverted, recovers for TI.
-    expected = [[inversion_recovery(x, t, eff, tr) + 0.05 for x in ti] for t in t1]
+    expected = [[C.inversion_recovery(x, t, eff, tr) + 0.05 for x in ti] for t in t1]
     tissue = exact(T1=f64(t1), inv_efficiency=eff, offset=0.05)
     assert rel_max_err(InversionRecoverySimulator(TI=f64(ti), TR=tr).simulate(**tissue), expected) < REL
     assert rel_max_err(inversionrecovery_sim(f64(ti), f64(t1), None, tr, f64(eff), f64(0.05)), expected) < REL
-    full = [[inversion_recovery(x, t, eff) for x in ti] for t in t1]  # no TR: full recovery
+    full = [[C.inversion_recovery(x, t, eff) for x in ti] for t in t1]  # no TR: full recovery
     assert rel_max_err(inversionrecovery_sim(f64(ti), f64(t1), inv_efficiency=f64(eff)), full) < REL
     # Multi-echo.
     te, t2 = [10.0, 20.0, 40.0, 80.0], [30.0, 90.0]
@@ -246,10 +231,10 @@ def test_relaxometry_textbook_formulas():
     assert rel_max_err(multiecho_sim(f64(te), f64(t2), None, f64(-0.1), 2.0), expected) < REL
     # Spin echo: 90 (Mz = 0), TE/2 of recovery, 180 (Mz -> -Mz), TR - TE/2 of recovery, the next 90.
     te, tr, t2 = [10.0, 30.0, 80.0], 800.0, 70.0
-    expected = [[spin_echo(x, tr, t, t2) for x in te] for t in t1]
+    expected = [[C.spin_echo(x, tr, t, t2) for x in te] for t in t1]
     assert rel_max_err(SpinEchoSimulator(TE=f64(te), TR=tr).simulate(T1=f64(t1), T2=t2), expected) < REL
     assert rel_max_err(spinecho_sim(f64(te), tr, f64(t1), t2), expected) < REL
-    expected = [[spin_echo(x, tr, t, t2) * inversion_recovery(400.0, t, eff) for x in te] for t in t1]
+    expected = [[C.spin_echo(x, tr, t, t2) * C.inversion_recovery(400.0, t, eff) for x in te] for t in t1]
     assert rel_max_err(spinecho_sim(f64(te), tr, f64(t1), t2, None, 400.0, f64(eff)), expected) < REL
     # Double angle.
     b1 = [0.7, 1.0, 1.25]
@@ -268,7 +253,7 @@ def test_diffusion_isotropic_and_tensor():
     assert rel_max_err(diffusion_sim(f64(b), None, None, f64(d), f64(0.9)), expected) < REL
     components = dict(Dxx=1.7, Dyy=0.4, Dzz=0.3, Dxy=0.1, Dxz=-0.05, Dyz=0.02)
     tensor = np.array([[1.7, 0.1, -0.05], [0.1, 0.4, 0.02], [-0.05, 0.02, 0.3]])
-    expected = [1.0] + [diffusion_tensor(b[j], g[j], tensor) for j in range(1, 5)]
+    expected = [1.0] + [C.diffusion_tensor(b[j], g[j], tensor) for j in range(1, 5)]
     tissue = {name: f64(components[name]) for name in TENSOR}
     assert rel_max_err(DiffusionSimulator(b=f64(b), directions=f64(g)).simulate(**tissue), expected) < REL
     assert rel_max_err(diffusion_sim(f64(b), None, f64(g), **tissue), expected) < REL
@@ -278,13 +263,13 @@ def test_diffusion_isotropic_and_tensor():
 def test_asl_buxton_kinetic_model(labelling):
     t, tau, cbf, att, t1, m0 = [0.0, 700.0, 1500.0, 2600.0, 4000.0], 1800.0, [60.0, 20.0], [600.0, 1300.0], 1330.0, 1.1
     alpha = 0.85 if labelling == "continuous" else 0.98  # the default efficiency of each labelling
-    expected = [[buxton_asl(x, tau, c, a, t1, m0, 1650.0, 0.9, alpha, labelling) for x in t]
+    expected = [[C.buxton_asl(x, tau, c, a, t1, m0, 1650.0, 0.9, alpha, labelling) for x in t]
                 for c, a in zip(cbf, att, strict=True)]
     sim = ASLSimulator(t=f64(t), tau=tau, labelling=labelling)
     signal = sim.simulate(**exact(CBF=f64(cbf), ATT=f64(att), T1=t1, M0=m0))
     assert rel_max_err(signal, expected) < 1e-10 and float(signal[1, 1]) == 0.0  # before the bolus arrives
     assert rel_max_err(asl_sim(f64(t), tau, f64(cbf), f64(att), t1, None, labelling, None, f64(m0)), expected) < 1e-10
-    expected = [[buxton_asl(x, tau, c, a, t1, m0, 1500.0, 0.98, 0.7, labelling) for x in t]
+    expected = [[C.buxton_asl(x, tau, c, a, t1, m0, 1500.0, 0.98, 0.7, labelling) for x in t]
                 for c, a in zip(cbf, att, strict=True)]
     form = asl_sim(f64(t), tau, f64(cbf), f64(att), t1, None, labelling, 0.7, f64(m0), 1500.0, f64(0.98))
     assert rel_max_err(form, expected) < 1e-10
@@ -293,7 +278,7 @@ def test_asl_buxton_kinetic_model(labelling):
 def test_lorentzian_pools():
     offsets = np.linspace(-6.0, 6.0, 13)
     pools = {1: (0.8, 1.5, 0.0), 2: (0.1, 0.8, 3.5), 3: (0.05, 3.0, -2.5)}
-    expected = [lorentzian_z(x, pools.values(), 0.9) for x in offsets]
+    expected = [C.lorentzian_z(x, pools.values(), 0.9) for x in offsets]
     tissue = {f"pool{k}_{part}": f64(v) for k, values in pools.items()
               for part, v in zip(("amplitude", "width", "shift"), values, strict=True)}
     sim = LorentzianSimulator(3, offsets=offsets)
@@ -301,7 +286,7 @@ def test_lorentzian_pools():
     assert rel_max_err(sim.simulate(M0=f64(0.9), **tissue), expected) < REL
     assert rel_max_err(lorentzian_sim(f64(offsets), 3, None, f64(0.9), **tissue), expected) < REL
     assert rel_max_err(LorentzianSimulator(offsets=offsets).simulate(**{k: v for k, v in tissue.items() if "1" in k}),
-                       [lorentzian_z(x, [pools[1]]) for x in offsets]) < REL
+                       [C.lorentzian_z(x, [pools[1]]) for x in offsets]) < REL
 
 
 # -- the function forms' signatures (API.md 5.3) ---------------------------------------------------------
