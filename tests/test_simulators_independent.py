@@ -136,6 +136,16 @@ class Epg:
     def invert(self, efficiency=1.0) -> None:
         self.z = self.z * -np.asarray(efficiency)[..., None]
 
+    def inversion_prologue(self, inversion_ms, spoiler_ms, efficiency) -> float:
+        """An ideal inversion in the middle of `inversion_ms`, then `spoiler_ms` and a spoiler, from t = 0: returns
+        the time the train after it starts."""
+        self.to(inversion_ms / 2)
+        self.invert(efficiency)
+        start = inversion_ms + spoiler_ms
+        self.to(start)
+        self.spoil()
+        return start
+
     def sample(self, psi=0.0) -> np.ndarray:
         return self.fp[..., 0] * np.exp(-1j * psi)
 
@@ -337,13 +347,7 @@ def flash_reference(flips_deg, tr_ms, te_ms, *, t1, t2, b0, b1, m0, efficiency=1
     centre demodulated by that phase, then ideal spoiling or (RF spoiling) one order of dephasing; TR from
     pulse start to pulse start. The raw engine value (API.md 1.6)."""
     epg = Epg(len(flips_deg) + 2, t1, t2, b0)
-    start = 0.0
-    if inversion_ms is not None:
-        epg.to(inversion_ms / 2)
-        epg.invert(efficiency)
-        start = inversion_ms + spoiler_ms
-        epg.to(start)
-        epg.spoil()
+    start = 0.0 if inversion_ms is None else epg.inversion_prologue(inversion_ms, spoiler_ms, efficiency)
     out = []
     for n, a in enumerate(flips_deg):
         phase = 0.0 if rf_spoiling is None else rf_spoiling * DEG * n * (n + 1) / 2
@@ -413,13 +417,7 @@ def balanced_reference(flips_deg, phases_rad, tr_ms, te_ms, *, t1, t2, b0, b1, m
     (flip, phase) starting TR apart, sampled TE after its centre (when `sampled[j]`), demodulated by its phase.
     The raw engine value."""
     epg = Epg(1, t1, t2, b0)
-    start = start_ms
-    if inversion_ms is not None:
-        epg.to(inversion_ms / 2)
-        epg.invert(efficiency)
-        start = inversion_ms + spoiler_ms
-        epg.to(start)
-        epg.spoil()
+    start = start_ms if inversion_ms is None else epg.inversion_prologue(inversion_ms, spoiler_ms, efficiency)
     if prepare is not None:
         flip, phase, lead = prepare
         play_pulse(epg, start, flip * DEG, phase, b1, duration_ms=duration_ms, dwell_ms=dwell_ms)
