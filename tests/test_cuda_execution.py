@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import rel_max_err
 
 import blochsim
 from blochsim import _execution, engine
@@ -24,24 +25,7 @@ from blochsim.engine import kernels as K
 from blochsim.sequence import TissueProperties, mrf_description
 from blochsim.simulators import MRFSimulator
 
-pytestmark = pytest.mark.cuda
-
-
-def _cuda_ready() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from blochsim import _native
-
-        _native.cuda_library()
-    except Exception:
-        return False
-    return True
-
-
-if not _cuda_ready():
-    pytest.skip("needs an NVIDIA GPU and a blochsim CUDA build (BLOCHSIM_CUDA_LIBRARY or blochsim[cuNN])",
-                allow_module_level=True)
+pytestmark = pytest.mark.cuda  # skipped without a card and a CUDA build (conftest)
 
 CARD = torch.device("cuda")
 STATES = 32
@@ -76,10 +60,6 @@ def _all_passes(kind: str, n: int, device=CARD, reps: int = 100):
     return [signal.detach(), jac.detach(), g_flip.detach(), g_t1.detach(), h_flip, h_t1]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.cpu() - b.cpu()).abs().max() / b.abs().max().cpu().clamp_min(1e-30))
-
-
 @pytest.mark.parametrize("kind", ["real", "complex", "pooled"])
 def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
     whole = _all_passes(kind, 2000)
@@ -97,7 +77,7 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
     assert calls and max(calls) == 256 and len(calls) >= 5 * 8
     for name, a, b, tol in zip(("signal", "jacobian", "grad flip", "grad T1", "hvp flip", "hvp T1"), chunked, whole,
                                (1e-6, 1e-6, 1e-5, 1e-6, 1e-5, 1e-6), strict=True):
-        assert _rel(a, b) <= tol, name
+        assert rel_max_err(a, b) <= tol, name
 
 
 def test_peak_memory_under_a_budget():
@@ -127,7 +107,7 @@ def test_peak_memory_under_a_budget():
         grad, extra = gradient(policy)
         # 3 signal-sized arrays of torch's loss backward, plus 2 MiB of allocator rounding per array.
         assert extra <= budget + 3 * signal_bytes + 8 * 2**20, (budget, extra)
-        assert _rel(grad, reference) <= 1e-5
+        assert rel_max_err(grad, reference) <= 1e-5
 
 
 def test_offload_host_tensors():
@@ -148,7 +128,7 @@ def test_offload_host_tensors():
                    blochsim.execution("cuda", budget_bytes=16 * 2**20)):
         signal, grad = run(policy)
         assert signal.device.type == "cpu" and grad.device.type == "cpu"
-        assert _rel(signal, host[0]) <= 1e-5 and _rel(grad, host[1]) <= 1e-4
+        assert rel_max_err(signal, host[0]) <= 1e-5 and rel_max_err(grad, host[1]) <= 1e-4
 
 
 def test_simulator_execution_setting_on_the_card():
@@ -157,9 +137,9 @@ def test_simulator_execution_setting_on_the_card():
     sim = MRFSimulator(flip=flips, TR=10.0, states=STATES)
     host = sim.simulate(T1=t1, T2=60.0)
     card = sim.simulate(T1=t1, T2=60.0, execution=blochsim.offload(budget_bytes=8 * 2**20))
-    assert card.device.type == "cpu" and _rel(card, host) <= 1e-5
+    assert card.device.type == "cpu" and rel_max_err(card, host) <= 1e-5
     back = sim.simulate(T1=t1.to(CARD), T2=60.0, execution="cpu")  # card tensors, host kernels
-    assert back.device.type == "cuda" and _rel(back, host) <= 1e-6
+    assert back.device.type == "cuda" and rel_max_err(back, host) <= 1e-6
 
 
 def test_out_of_memory_leaves_nothing_allocated(monkeypatch):
@@ -185,7 +165,7 @@ def test_out_of_memory_leaves_nothing_allocated(monkeypatch):
     torch.cuda.synchronize()
     assert sum(issubclass(w.category, ResourceWarning) for w in caught) == 1
     assert torch.cuda.memory_allocated() == base + chunked.numel() * chunked.element_size()
-    assert _rel(chunked, whole) <= 1e-6
+    assert rel_max_err(chunked, whole) <= 1e-6
 
 
 def test_policy_decides_the_kernels_precision():
@@ -200,4 +180,4 @@ def test_policy_decides_the_kernels_precision():
             sim.simulate(T1=t1, T2=60.0, dtype=torch.float64)
     # The played steady state against the float64 extrapolation: 1.3e-6 of the largest sample for MRF
     # (docs/design.md); 1e-5 with the card's own rounding.
-    assert card.device.type == "cpu" and _rel(card, host) <= 1e-5
+    assert card.device.type == "cpu" and rel_max_err(card, host) <= 1e-5
