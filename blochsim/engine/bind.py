@@ -294,14 +294,16 @@ def pack_fields(fields: dict, *, dtype: torch.dtype = torch.float32, active=(), 
     """
     kept, key = _LAST_PACKING.lookup((dtype, tuple(active), device), fields.items())
     if kept is not None:
-        return kept
+        return None if kept is _POOLED else kept
     packed = _pack_fields(fields, dtype, active, names or {}, device)
-    if packed is not None:
-        _LAST_PACKING.keep(key, packed)
+    # "Has pools" is kept too: its range checks and identity tests sync with a GPU on every call otherwise.
+    _LAST_PACKING.keep(key, _POOLED if packed is None else packed)
     return packed
 
 
 _LAST_PACKING = LastResult()
+#: What `_LAST_PACKING` keeps for tissue with pools (checked, and left to the engine's binding).
+_POOLED = object()
 
 
 def _pack_fields(fields: dict, dtype, active, names: dict, device) -> Packed | None:
@@ -355,7 +357,20 @@ def _pack_fields(fields: dict, dtype, active, names: dict, device) -> Packed | N
 
 
 def needs_complex(fields: dict) -> bool:
-    """Whether tissue asks for phase physics (B0, B1phase, v, pool shifts): the complex path."""
+    """Whether tissue asks for phase physics (B0, B1phase, v, pool shifts): the complex path. The answer is
+    kept while the tensors it read are the same and unmodified (a GPU value is read with a sync)."""
+    parts = [(f, fields[f]) for f in _PHASE_FIELDS + _POOL_SHIFTS if fields.get(f) is not None]
+    kept, key = _LAST_PHASE.lookup((), parts)
+    if kept is None:
+        kept = _needs_complex(fields)
+        _LAST_PHASE.keep(key, kept)
+    return kept
+
+
+_LAST_PHASE = LastResult()
+
+
+def _needs_complex(fields: dict) -> bool:
     for field in _PHASE_FIELDS + _POOL_SHIFTS:
         value = fields.get(field)
         if value is None:
