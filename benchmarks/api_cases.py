@@ -24,14 +24,12 @@ import argparse
 import contextlib
 import math
 import platform
-import statistics
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from _records import write_record
-from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg
+from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg, measure
 
 import blochsim
 from blochsim import _execution
@@ -92,32 +90,6 @@ def case_fn(name: str, n: int, device):
             return f.grad
         return hvp
     raise ValueError(name)
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def measure(fn, device, repeats: int):
-    """(first call s, median s, peak bytes or None)."""
-    cuda = torch.device(device).type == "cuda"
-    sync(device)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    first = time.perf_counter() - t0
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times), torch.cuda.max_memory_allocated() if cuda else None
 
 
 def main() -> None:
