@@ -1,9 +1,14 @@
 // Forward simulation: the event loop at a real number type.
 #include "epg_host.hpp"
+#include "epg_lanes.hpp"
 
 namespace bs {
 template <class R>
 void forward_entry(const bs_epg_forward_args& a) {
+  if (a.program.path == BS_PATH_REAL &&
+      forward_lanes<R, 0>(make_problem<R>(a.program, a.tissue, nullptr, a.tables, nullptr), a.tissue.num_voxels,
+                          a.num_threads, a.signal, nullptr))
+    return;
   if (a.program.path == BS_PATH_REAL)
     run_forward<R, R>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.signal, nullptr);
   else

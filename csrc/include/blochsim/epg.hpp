@@ -628,6 +628,13 @@ BS_HD RelaxRotate<N> relax_rotate_factors(const N& E1, const N& E2, const N& ca,
 // and z' first (w kept in out.p), then g' in rising and f' in falling order: written per order at once, the
 // register kernel's pass took 30 register moves beside its 224 operations (sm_90 SASS, K = 32), written
 // this way none. The host keeps one loop: three passes over memory took a quarter longer (docs/design.md).
+// Numbers whose passes run in place (the host's voxel lanes, csrc/cpu/lanes.hpp): `out` may then be `in`,
+// and the shifted pass keeps f(k - 1) before order k - 1 writes over it. An order's operands are whole SIMD
+// registers there, so the carried value costs nothing, and the copy back after the pass goes.
+template <class N>
+struct PassesInPlace {
+  static constexpr bool value = false;
+};
 template <int A, class N>
 BS_HD void relax_rotate(Planes<N> out, Planes<N> in, int64_t K, const RelaxRotate<N>& q) {
   const auto order = [&](int64_t k, const N& F, const N& G) {
@@ -660,15 +667,90 @@ BS_HD void relax_rotate(Planes<N> out, Planes<N> in, int64_t K, const RelaxRotat
     for (int64_t k = K - 1; k > 0; --k) out.p[k] = q.E2 * in.p[k - 1] + out.p[k];
     out.p[0] += q.E2 * g1;
 #else
-    order(0, g1, g1);
-    BS_NO_ALIAS
-    for (int64_t k = 1; k < K - 1; ++k) order(k, in.p[k - 1], in.m[k + 1]);
-    if (K > 1) order(K - 1, in.p[K - 2], N(0));
+    if constexpr (PassesInPlace<N>::value) {
+      N f_before = in.p[0];
+      order(0, g1, g1);
+      for (int64_t k = 1; k < K - 1; ++k) {
+        const N F = f_before;
+        f_before = in.p[k];
+        order(k, F, in.m[k + 1]);
+      }
+      if (K > 1) order(K - 1, f_before, N(0));
+    } else {
+      order(0, g1, g1);
+      BS_NO_ALIAS
+      for (int64_t k = 1; k < K - 1; ++k) order(k, in.p[k - 1], in.m[k + 1]);
+      if (K > 1) order(K - 1, in.p[K - 2], N(0));
+    }
 #endif
   }
   out.p[0] += q.a0;  // recovery, through w and z'
   out.m[0] += q.a0;
   out.z[0] += q.c0;
+}
+// Gradients of the loss with respect to a pass's factors (RelaxRotate's fields), summed over orders.
+template <class N>
+struct RelaxRotateGrads {
+  N E2 = N(0), a = N(0), b = N(0), c = N(0), d = N(0), a0 = N(0), c0 = N(0);
+};
+// Adjoint of relax_rotate<A> (one pass over the orders, as the forward): l, the gradient with respect to
+// `out`, becomes the gradient with respect to `in` (the pass's input, read here) in place, and g gains the
+// factors' gradients: with lw = lf + lg, E2: lf F + lg G, a: lw Z, b: -lw t, c: lz Z, d: -lz t. A = 1: the
+// operands came one order over (F = f(k-1), G = g(k+1), g(1) twice at order 0), so their gradients go back
+// there; g(k+1)'s is held for one order, until order k + 1 has read its own lg.
+template <int A, class N>
+BS_HD void relax_rotate_adjoint(Planes<N> l, Planes<N> in, int64_t K, const RelaxRotate<N>& q,
+                                RelaxRotateGrads<N>& g) {
+  N sE2 = N(0), sa = N(0), sb = N(0), sc = N(0), sd = N(0);
+  g.a0 += l.p[0] + l.m[0];
+  g.c0 += l.z[0];
+  const auto order = [&](int64_t k, const N& F, const N& G, N& lF, N& lG) {
+    const N Z = in.z[k];
+    const N t = F + G;
+    const N lf = l.p[k], lg = l.m[k], lz = l.z[k];
+    const N lw = lf + lg;
+    sE2 += lf * F + lg * G;
+    sa += lw * Z;
+    sb += lw * t;
+    sc += lz * Z;
+    sd += lz * t;
+    const N lt = -(q.b * lw + q.d * lz);
+    lF = q.E2 * lf + lt;
+    lG = q.E2 * lg + lt;
+    l.z[k] = q.a * lw + q.c * lz;
+  };
+  N lF, lG;
+  if constexpr (A == 0) {
+    for (int64_t k = 0; k < K; ++k) {
+      order(k, in.p[k], in.m[k], lF, lG);
+      l.p[k] = lF;
+      l.m[k] = lG;
+    }
+  } else {
+    const N g1 = K > 1 ? in.m[1] : N(0);
+    order(0, g1, g1, lF, lG);
+    N held = lF + lG;  // g(1)'s, read as F and G at order 0
+    l.m[0] = N(0);     // the shift dropped g(0)
+    for (int64_t k = 1; k < K; ++k) {
+      order(k, in.p[k - 1], k + 1 < K ? in.m[k + 1] : N(0), lF, lG);
+      l.p[k - 1] = lF;
+      l.m[k] = held;
+      held = lG;  // g(k+1)'s (none past the last order)
+    }
+    l.p[K - 1] = N(0);  // and f(K-1)
+  }
+  g.E2 += sE2;
+  g.a += sa;
+  g.b -= sb;
+  g.c += sc;
+  g.d -= sd;
+}
+// f(0) after relax_rotate<A>: what a sample right after the pass reads.
+template <int A, class N>
+BS_HD N relax_rotate_f0(Planes<N> in, int64_t K, const RelaxRotate<N>& q) {
+  const N g1 = K > 1 ? in.m[1] : N(0);
+  const N F = A ? g1 : in.p[0], G = A ? g1 : in.m[0];
+  return q.E2 * F + (q.a * in.z[0] - q.b * (F + G)) + q.a0;
 }
 template <class N>
 BS_HD void rotate_adjoint(Planes<N> l, Planes<N> x, int64_t K, const Rotation<N>& r, N& g_alpha, N&) {

@@ -252,11 +252,12 @@ BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
     }
     const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
     if (ahead > 1) shift_pools(x, K, LocalShift(), ahead - 1);
+    const State<N> out = PassesInPlace<N>::value ? x : tmp;
     if (ahead == 0)
-      relax_rotate<0>(tmp.water(0), x.water(0), K, q);
+      relax_rotate<0>(out.water(0), x.water(0), K, q);
     else
-      relax_rotate<1>(tmp.water(0), x.water(0), K, q);
-    copy_state(x, tmp);
+      relax_rotate<1>(out.water(0), x.water(0), K, q);
+    if (!PassesInPlace<N>::value) copy_state(x, tmp);
     ahead = 0;
   }
   if (io && io->signal && pe.record >= 0) {
@@ -272,6 +273,92 @@ BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
     defer.pending = 0;
   } else {
     defer.pending = ahead + (pe.action & BS_CRUSH_AFTER ? 1 : 0) + (pe.action & BS_SHIFT_AFTER ? 1 : 0);
+  }
+}
+
+// Adjoint of step_forward_plain (the host's real plain VJP, csrc/cpu/epg_lanes.inc): one pass backwards over
+// the orders where the forward took one (relax_rotate_adjoint), then the chain from the pass's factors to the
+// interval's exponentials, the pulse's angle and the tissue. x: the state array before the event, `defer`
+// what step_forward_plain was given with it (its samples written: the same shifts fall); tmp: scratch, used
+// only where more than one shift was carried; l: the gradient with respect to the array after the event,
+// updated in place. ev: the event's e, wrap, dt and flip; demod: its sample's cis(-phase).
+template <class N, class IO, class EG>
+BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev, const Cx<N>& demod,
+                              const Voxel<N>& t, State<N> x, Deferral defer, State<N> tmp, State<N> l,
+                              const IO& io, VoxelGrad<N>& g, const EG& eg) {
+  using R = typename Num<N>::Real;
+  const int64_t K = x.K;
+  int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
+  const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+  const bool spoiled_before = defer.spoiled;  // the pass then took E2 = 0
+  N E2 = pe.E2;
+  int before = 0, A = 0;  // shifts ahead of the pass beyond its own; the pass's own (0 or 1)
+  if (pass) {
+    if (defer.spoiled) {
+      E2 = N(0);
+      ahead = 0;
+      defer.spoiled = false;
+    }
+    before = ahead > 1 ? ahead - 1 : 0;
+    A = ahead > 0 ? 1 : 0;
+    ahead = 0;
+  }
+  State<N> in = x;  // the pass's input
+  if (before > 0) {
+    copy_state(tmp, x);
+    shift_pools(tmp, K, LocalShift(), before);
+    in = tmp;
+  }
+  const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
+  if (pe.record >= 0) {  // the sample, after the pass
+    const bool shifted = !pass && ahead > 0 && !defer.spoiled;
+    if (io.cot) {
+      const Cx<N> w = io.get(pe.record);
+      N f0 = N(0);
+      if (!defer.spoiled) {
+        if (pass) {
+          f0 = A ? relax_rotate_f0<1>(in.water(0), K, q) : relax_rotate_f0<0>(in.water(0), K, q);
+        } else if (shifted) {
+          copy_state(tmp, x);
+          shift_pools(tmp, K, LocalShift(), ahead);
+          f0 = tmp.fp(0)[0];
+        } else {
+          f0 = x.fp(0)[0];
+        }
+        add_sample_adjoint(l.fp(0)[0], w, pe.turn);
+      }
+      const Cx<N> u = transverse(f0) * demod;
+      g.m0 += re_dot(w, u);
+      eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
+    }
+    if (shifted)
+      for (int i = 0; i < ahead; ++i) shift_adjoint(l.water(0), K);
+  }
+  if (!pass) return;
+  RelaxRotateGrads<N> gq;
+  if (A)
+    relax_rotate_adjoint<1>(l.water(0), in.water(0), K, q, gq);
+  else
+    relax_rotate_adjoint<0>(l.water(0), in.water(0), K, q, gq);
+  for (int i = 0; i < before; ++i) shift_adjoint(l.water(0), K);
+  // a = sa E1, b = s2 E2, c = ca E1, d = half_sa E2, a0 = sa (1 - E1), c0 = ca (1 - E1).
+  const N rec = R(1) - pe.E1;
+  const N g_ca = gq.c * pe.E1 + gq.c0 * rec;
+  if (pe.action & BS_INTERVAL) {  // E1 = exp(-r1 dt), E2 = exp(-r2 dt)
+    const N g_E1 = (gq.a - gq.a0) * pe.sa + (gq.c - gq.c0) * pe.ca;
+    const N g_E2 = spoiled_before ? N(0) : gq.E2 + gq.b * pe.s2 + gq.d * pe.half_sa;
+    const N d1 = g_E1 * pe.E1, d2 = g_E2 * pe.E2;
+    g.r1 += -(ev.dt * d1);
+    g.r2 += -(ev.dt * d2);
+    eg.add(ev.wrap ? kGradDtWrap : kGradDt, ev.e, -(t.r1 * d1 + t.r2 * d2));
+  }
+  if (pe.action & BS_INVERSION) {  // ca = -eta
+    g.inv += -g_ca;
+  } else if (pe.action & BS_ROTATE) {  // ca = cos alpha, sa = sin alpha, s2 = (1 - ca) / 2, half_sa = sa / 2
+    const N g_sa = gq.a * pe.E1 + gq.a0 * rec;
+    const N g_alpha = g_sa * pe.ca - g_ca * pe.sa + (gq.b * pe.sa + gq.d * pe.ca) * (E2 * R(0.5));
+    eg.add(kGradFlip, ev.e, g_alpha * t.b1);
+    g.b1 += g_alpha * ev.flip;
   }
 }
 
