@@ -4,11 +4,15 @@ Why this exists: PyPI ships no CUDA 12 nvcc, but NVRTC (`nvidia-cuda-nvrtc-cu12`
 headers as nvcc, and nvFatbin (`nvidia-nvfatbin-cu12`) packs its output, so the blochsim-cuda12 wheel
 builds from PyPI packages alone (PACKAGING.md). The kernels are templates; NVRTC instantiates each one
 from its name expression and reports its lowered (mangled) name, which the g++ launcher
-(csrc/cuda12_launcher/launcher.cpp) needs to find it in the loaded library. Outputs: the fatbin and a
-header mapping every name expression to its lowered name.
+(csrc/cuda12_launcher/launcher.cpp) needs to find it in the loaded library. The expressions are those the
+launcher can start, as csrc/cuda12_launcher/kernel_list.cpp lists them from the launch plan it shares with
+the nvcc library (csrc/include/blochsim/launch_plan.hpp). Outputs: the fatbin and a header mapping every
+name expression to its lowered name.
 
-CMake runs this for BLOCHSIM_CUDA_PACKAGE=12; by hand:
-    python scripts/build_cu12_fatbin.py --out build/cu12 --archs 75 80 90 --ptx 90
+CMake runs this for BLOCHSIM_CUDA_PACKAGE=12, after the list; by hand:
+    g++ -std=c++17 -Icsrc/include -Icsrc csrc/cuda12_launcher/kernel_list.cpp -o build/kernel_list
+    build/kernel_list build/cu12/cu12_kernels.txt
+    python scripts/build_cu12_fatbin.py --out build/cu12 --kernels build/cu12/cu12_kernels.txt --archs 75 80 90 --ptx 90
 """
 
 from __future__ import annotations
@@ -34,17 +38,11 @@ INCLUDES = [
 OPTIONS = ["--std=c++17", "-default-device", "-DNDEBUG", "--diag-suppress=1097"]
 
 
-def kernel_expressions() -> list[str]:
-    """Every kernel the launcher can launch, spelled as launcher.cpp spells it (kernel_name())."""
-    names = []
-    for s in ("float", "bs::Cx<float>"):  # forward and adjoint at float; K = 32 keeps states in registers
-        for kc in (0, 32):
-            names += [f"bs::forward_kernel<float, {s}, {kc}, float>", f"bs::vjp_kernel<float, {s}, {kc}, float>"]
-    for p in (1, 2, 4, 8):  # JVP with P tangents
-        n = f"bs::Dual<float, {p}>"
-        names += [f"bs::forward_kernel<{n}, {s}, 0, float>" for s in (n, f"bs::Cx<{n}>")]
-    n = "bs::Dual<float, 1>"  # second-order adjoint
-    names += [f"bs::vjp_kernel<{n}, {s}, 0, float>" for s in (n, f"bs::Cx<{n}>")]
+def read_kernels(path: Path) -> list[str]:
+    """The name expressions in `path`, one a line (kernel_list.cpp's output)."""
+    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not names:
+        raise SystemExit(f"{path} lists no kernels")
     return names
 
 
@@ -75,15 +73,15 @@ def _check(lib, status: int, what: str, prog=None) -> None:
     raise RuntimeError(f"{what}: {message}{log}")
 
 
-def compile_target(target: str, nvrtc_path: str) -> tuple[str, bytes, dict[str, str], float]:
-    """Compile kernels.cu for `target` ('sm_80': a cubin; 'compute_90': PTX). Runs in a worker process."""
+def compile_target(target: str, nvrtc_path: str, names: list[str]) -> tuple[str, bytes, dict[str, str], float]:
+    """Compile kernels.cu for `target` ('sm_80': a cubin; 'compute_90': PTX), instantiating the kernels
+    `names` (name expressions). Runs in a worker process."""
     start = time.perf_counter()
     nvrtc = ctypes.CDLL(nvrtc_path)
     nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
     prog = ctypes.c_void_p()
     source = SOURCE.read_bytes()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"kernels.cu", 0, None, None), "create")
-    names = kernel_expressions()
     for name in names:
         _check(nvrtc, nvrtc.nvrtcAddNameExpression(prog, name.encode()), f"name expression {name}")
     opts = OPTIONS + [f"-I{p}" for p in INCLUDES] + [f"--gpu-architecture={target}"]
@@ -133,18 +131,21 @@ def pack_fatbin(nvfatbin_path: str, parts: list[tuple[str, bytes]]) -> bytes:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for blochsim_cu12.fatbin and cu12_kernels.h")
+    ap.add_argument("--kernels", type=Path, required=True,
+                    help="the kernels' name expressions, one a line (csrc/cuda12_launcher/kernel_list.cpp)")
     ap.add_argument("--archs", nargs="+", default=["75", "80", "90"], help="machine code (cubins) for these")
     ap.add_argument("--ptx", nargs="*", default=["90"], help="PTX for these virtual architectures")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compilations in parallel (one process each)")
     args = ap.parse_args(argv)
     nvrtc = _package_lib("nvidia.cuda_nvrtc", "libnvrtc.so.12")
     nvfatbin = _package_lib("nvidia.nvfatbin", "libnvfatbin.so.12")
+    names = read_kernels(args.kernels)
     targets = [f"sm_{a}" for a in args.archs] + [f"compute_{a}" for a in args.ptx]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(compile_target, targets, [str(nvrtc)] * len(targets)))
+        results = list(pool.map(compile_target, targets, [str(nvrtc)] * len(targets), [names] * len(targets)))
     lowered = results[0][2]
-    for target, code, names, seconds in results:
-        if names != lowered:
+    for target, code, target_lowered, seconds in results:
+        if target_lowered != lowered:
             raise RuntimeError(f"lowered names differ for {target}")
         print(f"nvrtc {target}: {len(code) / 1e6:.1f} MB in {seconds:.0f} s", file=sys.stderr)
     fatbin = pack_fatbin(str(nvfatbin), [(t, c) for t, c, _, _ in results])

@@ -4,14 +4,17 @@ torch's CUDA version is mocked (`torch.version.cuda`) and the per-major packages
 so every refusal is checked on the CPU: no CUDA torch, an unsupported major, a missing package (with and
 without the other major's package installed), a package built for another major or from another release,
 and a broken library. A fake package whose library is a copy of the host library (it exports the same
-bs_* ABI and release) shows the package is chosen by torch's major and loaded. Last, the CUDA 12 package's
-g++ launcher is held to the nvcc build's launch rules and kernel signatures, which it copies.
+bs_* ABI and release) shows the package is chosen by torch's major and loaded. Last, the two CUDA launchers
+(the nvcc library's and the CUDA 12 package's g++ one) are held to their one launch table: every kernel is a
+row of it, no launcher file names a kernel or starts one by hand, and the CUDA 12 package's kernel list is
+compiled from the shared launch plan.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -129,13 +132,71 @@ def test_development_build_overrides_the_packages(cuda, monkeypatch):
     assert _native.cuda_library().bs_version().decode() == V
 
 
-# ---- the CUDA 12 launcher and nvcc's host code share their launch rules (launch_rules.hpp) --------------
+# ---- both CUDA launchers are written over one launch table (launch_table.def) -----------------------------
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
+TABLE = CSRC / "include/blochsim/launch_table.def"
+PLAN = "include/blochsim/launch_plan.hpp"
 RULES = ("threads_for", "blocks_for", "padded_voxels", "registers_layout", "device_scratch_per_voxel",
          "forward_scratch_bytes", "vjp_state_bytes", "vjp_scratch_bytes")
+# The host code of both CUDA libraries: the shared plan and C ABI, the nvcc library's launcher and pass
+# units, the CUDA 12 package's launcher and kernel list.
+LAUNCH_FILES = sorted(
+    [PLAN, "include/blochsim/cuda_abi.inc", "cuda/epg_launch.cuh", "cuda/passes.cuh",
+     "cuda12_launcher/launcher.cpp", "cuda12_launcher/fatbin_kernels.hpp", "cuda12_launcher/kernel_list.cpp"]
+    + [str(p.relative_to(CSRC)) for p in (CSRC / "cuda").glob("*.cu")])
 
 
-@pytest.mark.parametrize("host_file", ["cuda12_launcher/launcher.cpp", "cuda/epg_launch.cuh", "cuda/epg_device.cuh"])
+def table_rows() -> dict[str, str]:
+    """tag -> kernel, for each row of the table."""
+    return dict(re.findall(r"^BS_KERNEL\((\w+), (\w+),", TABLE.read_text(), re.M))
+
+
+def code(path: Path) -> str:
+    """The file without its // comments (which may name kernels)."""
+    return re.sub(r"//[^\n]*", "", path.read_text())
+
+
+def device_kernels() -> set[str]:
+    text = re.sub(r"__launch_bounds__\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)", "", code(CSRC / "cuda/epg_device.cuh"))
+    return set(re.findall(r"__global__\s+void\s+(\w+)\(", text))
+
+
+def test_every_kernel_is_a_row_of_the_launch_table():
+    """A kernel the table lacks could not be started; a row without a kernel or a use is dead."""
+    rows = table_rows()
+    assert sorted(rows.values()) == sorted(device_kernels())
+    plan = code(CSRC / PLAN)
+    for tag in rows:
+        assert re.search(rf"\b{tag}<", plan), f"launch_plan.hpp never starts {tag} (launch_table.def)"
+
+
+@pytest.mark.parametrize("host_file", LAUNCH_FILES)
+def test_launchers_name_kernels_only_through_the_table(host_file):
+    """Launch code starts kernels by the table's tags (launch_plan.hpp): a kernel named in it, or started
+    by hand, would be a second place to change for a new kernel or launch rule."""
+    text = code(CSRC / host_file)
+    named = sorted(kernel for kernel in table_rows().values() if re.search(rf"\b{kernel}\b", text))
+    assert not named, f"{host_file} names {named}"
+    # One <<<>>> (the nvcc launcher's, for every row) and one cuLaunchKernel (the CUDA 12 launcher's).
+    assert text.count("<<<") == (host_file == "cuda/epg_launch.cuh")
+    assert len(re.findall(r"\blaunch_kernel\(", text)) == (host_file == "cuda12_launcher/launcher.cpp")
+
+
+@pytest.mark.parametrize("host_file, includes", [
+    (PLAN, ["blochsim/launch_table.def", "blochsim/launch_rules.hpp"]),
+    ("cuda/epg_launch.cuh", ["blochsim/launch_table.def", "blochsim/launch_plan.hpp"]),
+    ("cuda/capi_cuda.cu", ["blochsim/cuda_abi.inc"]),
+    ("cuda12_launcher/launcher.cpp", ["blochsim/cuda_abi.inc", "cuda12_launcher/fatbin_kernels.hpp"]),
+    ("cuda12_launcher/kernel_list.cpp", ["blochsim/cuda_abi.inc", "cuda12_launcher/fatbin_kernels.hpp"]),
+    ("cuda12_launcher/fatbin_kernels.hpp", ["blochsim/launch_plan.hpp"]),
+])
+def test_both_launchers_are_written_over_the_plan(host_file, includes):
+    text = (CSRC / host_file).read_text()
+    for header in includes:
+        assert f'#include "{header}"' in text, f"{host_file} does not include {header}"
+
+
+@pytest.mark.parametrize("host_file", LAUNCH_FILES + ["cuda/epg_device.cuh"])
 def test_launch_rules_live_in_one_header(host_file):
     """Both launchers size scratch and blocks by launch_rules.hpp; a private copy could drift from the kernels."""
     text = (CSRC / host_file).read_text()
@@ -143,12 +204,30 @@ def test_launch_rules_live_in_one_header(host_file):
     for function in RULES:
         assert re.search(rf"\b{function}\([^;)]*\)\s*\{{", rules), f"{function} missing from launch_rules.hpp"
         assert not re.search(rf"\b{function}\([^;)]*\)\s*\{{", text), f"{host_file} defines its own {function}"
-    if host_file != "cuda/epg_device.cuh":
-        assert '#include "blochsim/launch_rules.hpp"' in text
+
+
+def test_cu12_kernel_list_is_compiled_from_the_plan(tmp_path):
+    """The CUDA 12 package's fatbin holds what kernel_list.cpp lists (CMakeLists.txt, build_cu12_fatbin.py):
+    the launch plan compiled by g++ with that package's launcher. Its kernels are the table's thread-per-voxel
+    rows, named as NVRTC instantiates them; no name is written by hand anywhere."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on PATH")
+    program = tmp_path / "kernel_list"
+    subprocess.run([compiler, "-std=c++17", "-I", str(CSRC / "include"), "-I", str(CSRC),
+                    str(CSRC / "cuda12_launcher/kernel_list.cpp"), "-o", str(program)], check=True)
+    listed = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout.splitlines()
+    names = [re.fullmatch(r"bs::(\w+)<.*, float>", line) for line in listed]
+    assert listed and all(names), listed
+    rows = table_rows()
+    assert {name.group(1) for name in names} == {rows["ForwardThread"], rows["AdjointThread"]}
+    script = (CSRC.parent / "scripts/build_cu12_fatbin.py").read_text()
+    assert not [kernel for kernel in rows.values() if kernel in script]
 
 
 def test_cu12_launcher_passes_the_kernels_parameters():
-    """The launcher builds these argument lists by hand (cuLaunchKernel): a changed signature needs it updated."""
+    """The CUDA 12 launcher passes the plan's arguments byte for byte (cuLaunchKernel converts nothing, unlike
+    <<<>>>): a changed signature needs launch_plan.hpp's arguments for it to match exactly."""
     text = " ".join((CSRC / "cuda/epg_device.cuh").read_text().split())
     params = {name: re.search(rf"{name}\((.*?)\) \{{", text).group(1) for name in ("forward_kernel", "vjp_kernel")}
     assert params == {

@@ -1,39 +1,30 @@
-// The passes of the CUDA library, one translation unit each (so nvcc builds them in parallel).
+// The passes of the nvcc library (launch_plan.hpp), one translation unit each so nvcc builds them in
+// parallel: each unit named below instantiates its part for the nvcc launcher, and every other unit is
+// told here not to.
 #pragma once
 
 #include "epg_launch.cuh"
 
 namespace bs {
 
-template <class N>
-SampleIO<N> sample_io(void* signal, void* signal_tangent, int64_t tan_stride, const void* cot, const void* cot_tan) {
-  SampleIO<N> io;
-  io.signal = static_cast<float*>(signal);
-  io.signal_tan = static_cast<float*>(signal_tangent);
-  io.tan_stride = tan_stride;
-  io.cot = static_cast<const float*>(cot);
-  io.cot_tan = static_cast<const float*>(cot_tan);
-  return io;
-}
-
-void cuda_forward(const bs_epg_forward_args& a);
-template <int P>
-void cuda_jvp(const bs_epg_jvp_args& a);
-void cuda_vjp(const bs_epg_vjp_args& a);
-void cuda_vjp_jvp(const bs_epg_vjp_jvp_args& a);
-
-// JVP at P tangents (instantiated in jvp_P.cu).
-template <int P>
-void cuda_jvp(const bs_epg_jvp_args& a) {
-  using N = Dual<float, P>;
-  const auto pb = make_problem<float>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent, false);
-  const int64_t V = a.tissue.num_voxels;
-  const auto io = sample_io<N>(a.signal, a.signal_tangent, V * pb.S, nullptr, nullptr);
-  auto stream = static_cast<cudaStream_t>(a.stream);
-  if (a.program.path == BS_PATH_REAL)
-    launch_forward<N, N>(pb, V, io, a.scratch, a.scratch_bytes, stream);
-  else
-    launch_forward<N, Cx<N>>(pb, V, io, a.scratch, a.scratch_bytes, stream);
-}
+extern template void forward_pass<DeviceLauncher>(const DeviceLauncher&, const bs_epg_forward_args&);  // forward.cu
+extern template void jvp_pass<1, DeviceLauncher>(const DeviceLauncher&, const bs_epg_jvp_args&);        // jvp_1.cu
+extern template void jvp_pass<2, DeviceLauncher>(const DeviceLauncher&, const bs_epg_jvp_args&);        // jvp_2.cu
+extern template void jvp_pass<4, DeviceLauncher>(const DeviceLauncher&, const bs_epg_jvp_args&);        // jvp_4.cu
+extern template void jvp_pass<8, DeviceLauncher>(const DeviceLauncher&, const bs_epg_jvp_args&);        // jvp_8.cu
+extern template void vjp_pass<DeviceLauncher>(const DeviceLauncher&, const bs_epg_vjp_args&);           // vjp.cu
+extern template void vjp_jvp_pass<DeviceLauncher>(const DeviceLauncher&, const bs_epg_vjp_jvp_args&);   // vjp_jvp.cu
+// pools.cu: the kernels with pool counts fixed at compile time.
+extern template void launch_forward_pools<float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                 int64_t, const SampleIO<float>&);
+extern template void launch_forward_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                     int64_t, const SampleIO<float>&);
+extern template void launch_vjp_pools<float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
+                                                             const SampleIO<float>&, const DeviceEventGrad<float>&,
+                                                             const GradOut<float>&, float*, float*);
+extern template void launch_vjp_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                 int64_t, const SampleIO<float>&,
+                                                                 const DeviceEventGrad<float>&, const GradOut<float>&,
+                                                                 Cx<float>*, float*);
 
 }  // namespace bs

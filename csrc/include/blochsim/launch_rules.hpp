@@ -1,5 +1,5 @@
-// Launch rules of the CUDA kernels, shared by the nvcc host code (csrc/cuda/epg_launch.cuh) and the CUDA 12
-// launcher built by g++ (csrc/cuda12_launcher/launcher.cpp): block size, the compile-time layout a launch
+// Launch rules of the CUDA kernels, read by the launch plan of both CUDA libraries (launch_plan.hpp: the nvcc
+// library and the CUDA 12 package's launcher built by g++): block size, the compile-time layout a launch
 // uses, and the device scratch it needs. Plain C++: no CUDA headers.
 #pragma once
 

@@ -1,0 +1,285 @@
+// Which kernel a pass of the CUDA libraries starts, on which grid and block: written once, over a launcher,
+// for both libraries. The nvcc library's launcher (csrc/cuda/epg_launch.cuh) starts kernels with <<<>>>; the
+// CUDA 12 package's (csrc/cuda12_launcher/launcher.cpp), built by g++, starts them through the driver API by
+// name and has only the thread-per-voxel kernels. The kernels are the rows of launch_table.def; the
+// thresholds and sizes the choices read are launch_rules.hpp's. Plain C++, no CUDA headers: the launcher
+// zeroes memory, starts kernels and reports their errors. A launcher provides
+//   kWarpKernels            whether it has the warp and group kernels and the event decoding (else a
+//                           thread per voxel for every pass, and scratch sized for that)
+//   EventGrad<N>            the adjoint kernels' event-gradient parameter (epg_device.cuh DeviceEventGrad)
+//   zero(data, bytes)       zeroes device memory on the caller's stream
+//   start(tag, shape, ...)  starts the table's kernel `tag` on `shape` with the arguments given
+// and is made from the caller's stream (the ABI structs' void* stream).
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <type_traits>
+
+#include "blochsim/launch_rules.hpp"
+#include "blochsim/unpack.hpp"
+
+namespace bs {
+
+// A tag type per row of the table: the plan names a kernel instance by its tag, the launcher starts it.
+#define BS_UNPAREN(...) __VA_ARGS__
+#define BS_KERNEL(tag, kernel, what, params, args) \
+  template <BS_UNPAREN params>                     \
+  struct tag {                                     \
+    static constexpr const char* name = #kernel;   \
+  };
+#include "blochsim/launch_table.def"
+
+// Grid and block of a one-dimensional launch, and its dynamic shared memory (none: the kernels declare theirs).
+struct LaunchShape {
+  unsigned grid, block, shared_bytes;
+};
+// A thread per voxel (launch_rules.hpp threads_for).
+inline LaunchShape thread_shape(int64_t V) {
+  return {static_cast<unsigned>(blocks_for(V)), static_cast<unsigned>(threads_for(V)), 0};
+}
+// `lanes` per voxel (a warp, or a group of 4 or 8), in blocks of 128 threads.
+inline LaunchShape lanes_shape(int64_t V, int lanes) {
+  return {static_cast<unsigned>((V * lanes + 127) / 128), 128, 0};
+}
+// A warp per voxel for the adjoints: four voxels a block.
+inline LaunchShape adjoint_warp_shape(int64_t V) { return {static_cast<unsigned>((V + 3) / 4), 128, 0}; }
+
+// ---- forward and JVP ------------------------------------------------------------------------------------
+// The value forward with the pool counts fixed at compile time (launch_rules.hpp with_fixed_pools), groups
+// of 4 lanes. The nvcc library builds these kernels in a translation unit of their own (csrc/cuda/pools.cu).
+template <class S, class Launcher>
+void launch_forward_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<float>& io) {
+  const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
+    launcher.start(ForwardLanes<float, S, 8, decltype(layout)::value, 4>(), lanes_shape(V, 4), pb, V, io);
+  });
+  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
+}
+
+// More than one lane per voxel (launch_rules.hpp forward_lanes): groups of 4 or 8 lanes for the value
+// forward, else a warp (one or two orders a lane).
+template <class N, class S, class Launcher, class R>
+void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_t V, const SampleIO<N>& io,
+                          int lanes) {
+  const LaunchShape shape = lanes_shape(V, lanes);
+  const bool two = warp_orders_per_lane(pb.K) == 2;
+  if constexpr (std::is_same<N, float>::value) {  // groups: the value forward
+    if (lanes == 4 || lanes == 8) {
+      const bool plain = plain_orders(pb);
+      if (lanes == 4 && fixed_pools<N>(pb))
+        launch_forward_pools<S>(launcher, pb, V, io);
+      else if (lanes == 4 && pb.tabulated)
+        launcher.start(ForwardLanes<N, S, 8, kTables, 4>(), shape, pb, V, io);
+      else if (lanes == 4 && plain)
+        launcher.start(ForwardLanes<N, S, 8, kPlain, 4>(), shape, pb, V, io);
+      else if (lanes == 4)
+        launcher.start(ForwardLanes<N, S, 8, kModel0, 4>(), shape, pb, V, io);
+      else if (pb.tabulated)
+        launcher.start(ForwardLanes<N, S, 4, kTables, 8>(), shape, pb, V, io);
+      else if (plain)
+        launcher.start(ForwardLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io);
+      else
+        launcher.start(ForwardLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io);
+      return;
+    }
+  }
+  if (pb.tabulated) {
+    if (two)
+      launcher.start(ForwardLanes<N, S, 2, kTables, 32>(), shape, pb, V, io);
+    else
+      launcher.start(ForwardLanes<N, S, 1, kTables, 32>(), shape, pb, V, io);
+  } else {
+    if (two)
+      launcher.start(ForwardLanes<N, S, 2, kModel0, 32>(), shape, pb, V, io);
+    else
+      launcher.start(ForwardLanes<N, S, 1, kModel0, 32>(), shape, pb, V, io);
+  }
+}
+
+template <class N, class S, class Launcher, class R>
+void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V, const SampleIO<N>& io,
+                    void* scratch, int64_t scratch_bytes) {
+  constexpr bool warp_kernels = Launcher::kWarpKernels;
+  if (V == 0) return;
+  if (scratch_bytes < forward_scratch_bytes<N, S>(pb_in, V, warp_kernels))
+    throw std::invalid_argument("scratch is too small");
+  Problem<R> pb = pb_in;
+  if constexpr (warp_kernels && Num<N>::P == 0) {  // the events, decoded once (epg_device.cuh for_each_event)
+    auto* const table =
+        reinterpret_cast<BlockEvent<N>*>(static_cast<char*>(scratch) + forward_state_bytes<N, S>(pb, V));
+    const int64_t chunks = event_chunks(pb);
+    if (chunks > 0)  // a block of kBlockEvents threads per chunk
+      launcher.start(DecodeEvents<N, S>(), LaunchShape{static_cast<unsigned>(chunks), kBlockEvents, 0}, pb, table);
+    if (chunks > 1)  // a thread per boundary between chunks
+      launcher.start(JoinChunks<N>(), LaunchShape{static_cast<unsigned>((chunks - 1 + 127) / 128), 128, 0}, table,
+                     chunks);
+    pb.events = table;
+  }
+  if constexpr (warp_kernels) {
+    const int lanes = forward_lanes<N, S>(pb, V);
+    if (lanes > 1) {
+      launch_forward_lanes<N, S>(launcher, pb, V, io, lanes);
+      return;
+    }
+  }
+  const LaunchShape shape = thread_shape(V);
+  if constexpr (Num<N>::P == 0) {
+    if (registers_layout<N>(pb) == 32) {
+      launcher.start(ForwardThread<N, S, 32>(), shape, pb, V, io, static_cast<S*>(scratch));
+      return;
+    }
+  }
+  launcher.start(ForwardThread<N, S, 0>(), shape, pb, V, io, static_cast<S*>(scratch));
+}
+
+// ---- adjoints (VJP, VJP-JVP) ----------------------------------------------------------------------------
+// The float adjoint with the pool counts fixed at compile time, a warp per voxel (csrc/cuda/pools.cu).
+template <class S, class Launcher>
+void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<float>& io,
+                      const typename Launcher::template EventGrad<float>& eg, const GradOut<float>& out, S* scratch,
+                      float* table_scratch) {
+  const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
+    launcher.start(AdjointWarp<float, S, 1, decltype(layout)::value>(), adjoint_warp_shape(V), pb, V, io, eg, out,
+                   scratch, table_scratch);
+  });
+  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
+}
+
+template <class N, class S, class Launcher, class R>
+void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const SampleIO<N>& io,
+                const bs_grads& grads, const bs_grads* grads_tangent, const bs_table_grads* table_grads,
+                const bs_table_grads* table_grads_tangent, void* scratch, int64_t scratch_bytes) {
+  constexpr bool warp_kernels = Launcher::kWarpKernels;
+  if (V == 0) return;
+  if (scratch_bytes < vjp_scratch_bytes<N, S>(pb, V, warp_kernels)) throw std::invalid_argument("scratch is too small");
+  typename Launcher::template EventGrad<N> eg{};
+  void* const outs[4] = {grads.dt_s, grads.flip_rad, grads.phase_rad, grads.dt_wrap_s};
+  const int64_t counts[4] = {pb.E, pb.E, pb.E, 1};
+  for (int i = 0; i < 4; ++i) {
+    eg.out[i] = static_cast<R*>(outs[i]);
+    if (outs[i]) launcher.zero(outs[i], sizeof(R) * counts[i]);
+  }
+  if (grads_tangent) {
+    void* const t[4] = {grads_tangent->dt_s, grads_tangent->flip_rad, grads_tangent->phase_rad,
+                        grads_tangent->dt_wrap_s};
+    for (int i = 0; i < 4; ++i) {
+      eg.out_tan[i] = static_cast<R*>(t[i]);
+      if (t[i]) launcher.zero(t[i], sizeof(R) * counts[i]);
+    }
+  }
+  GradOut<R> out{};
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    out.tissue[j] = static_cast<R*>(grads.tissue[j]);
+    out.tissue_tan[j] = grads_tangent ? static_cast<R*>(grads_tangent->tissue[j]) : nullptr;
+  }
+  if (table_grads) {
+    void* const t[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
+    for (int i = 0; i < 5; ++i) out.table[i] = static_cast<R*>(t[i]);
+  }
+  if (table_grads_tangent) {
+    const bs_table_grads* g = table_grads_tangent;
+    void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
+    for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
+  }
+  S* state_scratch = static_cast<S*>(scratch);
+  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
+  if constexpr (warp_kernels) {
+    if (warp_adjoint<N, S>(pb, V)) {
+      const LaunchShape shape = adjoint_warp_shape(V);
+      const bool two = warp_orders_per_lane(pb.K) == 2;
+      if constexpr (std::is_same<N, float>::value) {
+        if (fixed_pools<N>(pb)) {
+          launch_vjp_pools<S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch);
+          return;
+        }
+      }
+      if (pb.tabulated) {
+        if (two)
+          launcher.start(AdjointWarp<N, S, 2, kTables>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+        else
+          launcher.start(AdjointWarp<N, S, 1, kTables>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+      } else {
+        if (two)
+          launcher.start(AdjointWarp<N, S, 2, kModel0>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+        else
+          launcher.start(AdjointWarp<N, S, 1, kModel0>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+      }
+      return;
+    }
+  }
+  const LaunchShape shape = thread_shape(V);
+  if constexpr (Num<N>::P == 0) {
+    if (registers_layout<N>(pb) == 32) {
+      launcher.start(AdjointThread<N, S, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+      return;
+    }
+  }
+  launcher.start(AdjointThread<N, S, 0>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+}
+
+// ---- the passes of the C ABI (cuda_abi.inc): the number types each launches at ---------------------------
+template <class N>
+SampleIO<N> sample_io(void* signal, void* signal_tangent, int64_t tan_stride, const void* cot, const void* cot_tan) {
+  SampleIO<N> io;
+  io.signal = static_cast<float*>(signal);
+  io.signal_tan = static_cast<float*>(signal_tangent);
+  io.tan_stride = tan_stride;
+  io.cot = static_cast<const float*>(cot);
+  io.cot_tan = static_cast<const float*>(cot_tan);
+  return io;
+}
+
+template <class Launcher>
+void forward_pass(const Launcher& launcher, const bs_epg_forward_args& a) {
+  const auto pb = make_problem<float>(a.program, a.tissue, nullptr, a.tables, nullptr, false);
+  const auto io = sample_io<float>(a.signal, nullptr, 0, nullptr, nullptr);
+  if (a.program.path == BS_PATH_REAL)
+    launch_forward<float, float>(launcher, pb, a.tissue.num_voxels, io, a.scratch, a.scratch_bytes);
+  else
+    launch_forward<float, Cx<float>>(launcher, pb, a.tissue.num_voxels, io, a.scratch, a.scratch_bytes);
+}
+
+// JVP at P tangents.
+template <int P, class Launcher>
+void jvp_pass(const Launcher& launcher, const bs_epg_jvp_args& a) {
+  using N = Dual<float, P>;
+  const auto pb = make_problem<float>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent, false);
+  const int64_t V = a.tissue.num_voxels;
+  const auto io = sample_io<N>(a.signal, a.signal_tangent, V * pb.S, nullptr, nullptr);
+  if (a.program.path == BS_PATH_REAL)
+    launch_forward<N, N>(launcher, pb, V, io, a.scratch, a.scratch_bytes);
+  else
+    launch_forward<N, Cx<N>>(launcher, pb, V, io, a.scratch, a.scratch_bytes);
+}
+
+// Adjoint (VJP), checkpointed.
+template <class Launcher>
+void vjp_pass(const Launcher& launcher, const bs_epg_vjp_args& a) {
+  const auto pb = make_problem<float>(a.program, a.tissue, nullptr, a.tables, nullptr, false);
+  const auto io = sample_io<float>(nullptr, nullptr, 0, a.cotangent, nullptr);
+  const int64_t V = a.tissue.num_voxels;
+  if (a.program.path == BS_PATH_REAL)
+    launch_vjp<float, float>(launcher, pb, V, io, a.grads, nullptr, &a.table_grads, nullptr, a.scratch,
+                             a.scratch_bytes);
+  else
+    launch_vjp<float, Cx<float>>(launcher, pb, V, io, a.grads, nullptr, &a.table_grads, nullptr, a.scratch,
+                                 a.scratch_bytes);
+}
+
+// Second-order adjoint (the adjoint at Dual<float, 1>).
+template <class Launcher>
+void vjp_jvp_pass(const Launcher& launcher, const bs_epg_vjp_jvp_args& a) {
+  if (a.tangents.count != 1) throw std::invalid_argument("tangents.count must be 1 for the second-order adjoint");
+  using N = Dual<float, 1>;
+  const auto pb = make_problem<float>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent, false);
+  const auto io = sample_io<N>(a.signal, a.signal_tangent, 0, a.cotangent, a.cotangent_tangent);
+  const int64_t V = a.tissue.num_voxels;
+  if (a.program.path == BS_PATH_REAL)
+    launch_vjp<N, N>(launcher, pb, V, io, a.grads, &a.grads_tangent, &a.table_grads, &a.table_grads_tangent,
+                     a.scratch, a.scratch_bytes);
+  else
+    launch_vjp<N, Cx<N>>(launcher, pb, V, io, a.grads, &a.grads_tangent, &a.table_grads, &a.table_grads_tangent,
+                         a.scratch, a.scratch_bytes);
+}
+
+}  // namespace bs
