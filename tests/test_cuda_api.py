@@ -9,13 +9,15 @@ to the same call on the CPU (float32 kernels on both sides: values 1e-5, first d
 Then the findings of issue 28 in both placements (the tissue on the card; everything on the card): the
 steady state (`repetitions="auto"`, MRF and TrueFISP with B0, also against 5,000 explicit repetitions),
 CEST with a pool B, and FLASH with sampled sinc pulses, RF spoiling and an adiabatic inversion. The
-errors measured for the findings are printed at the end of the module (the summary to report).
+errors measured for the findings are printed at the end of the module (the summary to report). Then every
+shipped simulator (tests/_every_simulator.py) in both placements against the host build, one summary line each.
 
 tests/test_device_placement.py runs the same matrix on a machine without a GPU, through a stand-in card.
 """
 
 from __future__ import annotations
 
+import _every_simulator as every
 import _placement as P
 import numpy as np
 import pytest
@@ -37,17 +39,27 @@ def summary(request):
     yield
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or not SUMMARY:
+    if reporter is None or capture is None or not (SUMMARY or EVERY_SIMULATOR):
         return
     with capture.global_and_fixture_disabled():  # teardown output is captured otherwise
         reporter.write_line("")
         reporter.write_line("issue 28 findings on the GPU (relative to the largest entry; J per column):")
         for line in SUMMARY:
             reporter.write_line("  " + line)
+        reporter.write_line(f"every shipped simulator on the GPU against the host build ({len(EVERY_SIMULATOR)} of "
+                            f"{len(every.shipped())} run; relative to the largest entry):")
+        for name, errors in sorted(EVERY_SIMULATOR.items()):
+            bound = every.TOLERANCES.get(name, every.TOLERANCE)
+            reporter.write_line(f"  {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
+                                + f" (bound {bound:.0e})")
 
 
 def _record(name: str, errors: dict) -> None:
     SUMMARY.append(f"{name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+
+
+#: simulator -> {placement: error against the host}, one summary line per simulator.
+EVERY_SIMULATOR: dict = {}
 
 
 @pytest.mark.parametrize("entry,kind,path,placement", P.cases())
@@ -105,3 +117,17 @@ def test_a_resolved_call_does_not_wait_for_the_card():
         torch.cuda.set_sync_debug_mode(previous)
     assert signal.device.type == "cuda" and signal.shape == (1000, len(P.FLIPS_DEG))
     assert np.isfinite(signal.abs().max().item())
+
+
+def test_every_shipped_simulator_has_a_case():
+    """A simulator added to blochsim.simulators without a case in tests/_every_simulator.py fails here."""
+    assert every.missing_cases() == []
+
+
+@pytest.mark.parametrize("placement", every.PLACEMENTS)
+@pytest.mark.parametrize("name", every.shipped())
+def test_every_simulator_on_the_card(name, placement):
+    """Issue 28: every shipped simulator with the tissue on the card, and with every protocol list on the card
+    too, agrees with the host build (tests/_every_simulator.py: the cases and the bounds with their reasons)."""
+    errors = every.check(name, placement, to_card)
+    EVERY_SIMULATOR.setdefault(name, {})[placement] = errors["vs host"]

@@ -11,6 +11,7 @@ matrix runs on the card), and the device of the gradients autograd makes (checke
 
 from __future__ import annotations
 
+import _every_simulator as every
 import _placement as P
 import pytest
 import torch
@@ -67,6 +68,19 @@ def test_steady_state_on_the_card_refuses_an_infinite_relaxation_time():
 def test_cest_with_pool_b_on_a_stand_in_card(placement):
     with fake_card():
         P.cest_pool_b(placement, card)
+
+
+@pytest.mark.parametrize("placement", every.PLACEMENTS)
+@pytest.mark.parametrize("name", every.shipped())
+def test_every_simulator_on_a_stand_in_card(name, placement):
+    """Every shipped simulator (tests/_every_simulator.py), the tissue on the card and every protocol list too:
+    the result on the card, equal to the host's (the stand-in computes on the host)."""
+    with fake_card():
+        every.check(name, placement, card)
+
+
+def test_every_shipped_simulator_has_a_case():
+    assert every.missing_cases() == []
 
 
 @pytest.mark.parametrize("placement", P.FINDING_PLACEMENTS)
