@@ -239,10 +239,20 @@ BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const E
 // first), and a spoiler rides into it as E2 = 0 (the transverse states it would clear are multiplied by 0).
 // A sample on an event that leaves the states alone takes the carried shifts first.
 // io: a SampleIO, or what takes its put() (the register kernel's StagedSamples).
+// Returns whether the event wrote the states. They end in x, tmp being scratch; for PassesInPlace numbers
+// (the host's lanes) they end in tmp, which may be x (in place) or another array (the adjoint's sweeps keep
+// the states before an event where they were), x then left as it was.
+template <class N>
+BS_HD void work_on(State<N>& x, State<N> tmp) {  // PassesInPlace: step on tmp from here on
+  if (tmp.base.p != x.base.p) copy_state(tmp, x);
+  x = tmp;
+}
 template <class N, class IO>
-BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
+BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
+  constexpr bool kInPlace = PassesInPlace<N>::value;
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
+  bool wrote = false;
   if (pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) {
     N E2 = pe.E2;
     if (defer.spoiled) {
@@ -251,19 +261,27 @@ BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
       defer.spoiled = false;
     }
     const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
-    if (ahead > 1) shift_pools(x, K, LocalShift(), ahead - 1);
-    const State<N> out = PassesInPlace<N>::value ? x : tmp;
+    if (ahead > 1) {
+      if constexpr (kInPlace) work_on(x, tmp);
+      shift_pools(x, K, LocalShift(), ahead - 1);
+    }
     if (ahead == 0)
-      relax_rotate<0>(out.water(0), x.water(0), K, q);
+      relax_rotate<0>(tmp.water(0), x.water(0), K, q);
     else
-      relax_rotate<1>(out.water(0), x.water(0), K, q);
-    if (!PassesInPlace<N>::value) copy_state(x, tmp);
+      relax_rotate<1>(tmp.water(0), x.water(0), K, q);
+    if constexpr (kInPlace)
+      x = tmp;
+    else
+      copy_state(x, tmp);
     ahead = 0;
+    wrote = true;
   }
   if (io && io->signal && pe.record >= 0) {
     if (ahead > 0 && !defer.spoiled) {  // a sample on an event that leaves the states alone: shift first
+      if constexpr (kInPlace) work_on(x, tmp);
       shift_pools(x, K, LocalShift(), ahead);
       ahead = 0;
+      wrote = true;
     }
     const N f0 = defer.spoiled ? N(0) : x.fp(0)[0];
     io->put(pe.record, transverse(f0) * pe.turn);
@@ -274,6 +292,7 @@ BS_HD void step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
   } else {
     defer.pending = ahead + (pe.action & BS_CRUSH_AFTER ? 1 : 0) + (pe.action & BS_SHIFT_AFTER ? 1 : 0);
   }
+  return wrote;
 }
 
 // Adjoint of step_forward_plain (the host's real plain VJP, csrc/cpu/epg_lanes.inc): one pass backwards over
@@ -290,6 +309,7 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
   const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+  if (!pass && pe.record < 0) return;  // the event only carried shifts or a spoiler forward
   const bool spoiled_before = defer.spoiled;  // the pass then took E2 = 0
   N E2 = pe.E2;
   int before = 0, A = 0;  // shifts ahead of the pass beyond its own; the pass's own (0 or 1)
