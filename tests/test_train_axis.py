@@ -212,7 +212,9 @@ def test_per_shot_flips_with_a_train_axis_equal_separate_calls(request, sim, ext
         a, b = flip.clone().requires_grad_(), flip.clone().requires_grad_()
         sim.simulate(flip=a, **tissue).abs().sum().backward()
         torch.stack([sim.simulate(flip=b[k], **tissue) for k in range(3)]).abs().sum().backward()
-        assert rel_max_err(a.grad, b.grad) < REL and a.grad.abs().sum(1).min() > 0
+        # The gradients sum the same sampled steps in float32 as the values: the same bound (1.2e-6 seen for
+        # the sampled FLASH with the host's SIMD-lane kernels, 2026-12-04).
+        assert rel_max_err(a.grad, b.grad) < tol and a.grad.abs().sum(1).min() > 0
 
 
 def test_per_train_phases_of_the_spoiled_trains():
