@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from _records import write_record
-from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg, measure
+from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg, measure, select_cases
 
 import blochsim
 from blochsim import _execution
@@ -106,15 +106,7 @@ def main() -> None:
                         help="the three big cases (default: on CUDA without --quick, --cases or --n)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    cases = [c for c in INCUMBENT_MS if not args.cases or c[0] in args.cases]
-    if args.n:
-        names = args.cases or sorted({name for name, _ in INCUMBENT_MS})
-        cases = [(name, n) for name in names for n in args.n]
-    if args.quick:
-        smallest = {}
-        for name, n in cases:
-            smallest[name] = min(n, smallest.get(name, n))
-        cases = sorted(smallest.items())
+    cases = select_cases(list(INCUMBENT_MS), args.cases, args.n, args.quick)
     if args.scratch_mib:
         _execution.DEFAULT_SCRATCH_BYTES = _execution.SECOND_ORDER_SCRATCH_BYTES = args.scratch_mib * 2**20
     device = torch.device(args.device)

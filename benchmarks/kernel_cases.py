@@ -142,6 +142,20 @@ def fp32_floor_ms(n: int, device) -> tuple[float, float]:
 DEFAULT_CASES = [(name, n) for (name, n) in INCUMBENT_MS]
 
 
+def select_cases(known: list, names: list | None, counts: list | None, quick: bool) -> list:
+    """(case, tissues) pairs to run: `known` filtered by `names`, or every named case at `counts`; with
+    `quick`, only each case's smallest size."""
+    cases = [c for c in known if not names or c[0] in names]
+    if counts:
+        cases = [(name, n) for name in (names or sorted({name for name, _ in known})) for n in counts]
+    if quick:
+        smallest = {}
+        for name, n in cases:
+            smallest[name] = min(n, smallest.get(name, n))
+        cases = sorted(smallest.items())
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -151,15 +165,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="*", help="tissue counts to run every named case at")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    cases = [c for c in DEFAULT_CASES if not args.cases or c[0] in args.cases]
-    if args.n:
-        names = args.cases or sorted({name for name, _ in DEFAULT_CASES})
-        cases = [(name, n) for name in names for n in args.n]
-    if args.quick:
-        smallest = {}
-        for name, n in cases:
-            smallest[name] = min(n, smallest.get(name, n))
-        cases = sorted(smallest.items())
+    cases = select_cases(DEFAULT_CASES, args.cases, args.n, args.quick)
     device = torch.device(args.device)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     record = {"task": "kernel_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
