@@ -67,7 +67,8 @@ typedef struct bs_program {
   int64_t num_samples;        /* S: recorded samples                                                  */
   int64_t num_states;         /* K >= 1: EPG orders per pool                                          */
   int32_t path;               /* bs_path: real (three real planes) or complex states                  */
-  int32_t checkpoint_stride;  /* adjoints keep every stride-th state and replay stretches (>= 1)      */
+  int32_t checkpoint_stride;  /* adjoints keep every stride-th state and replay stretches (>= 1; the
+                                 host's real plain path takes ~sqrt(events), whose store is smaller)   */
   const int32_t* action;      /* [E] read: bs_action bits                                             */
   const int32_t* record;      /* [E] read: sample slot (0..S-1) of a recorded ADC, else -1            */
   const void* dt_s;           /* [E] read: interval before each event, s                              */

@@ -1,0 +1,228 @@
+"""The CPU MRF cases of issue 20 item 12 (and the CPU ratio of issue 29) on the host, against the incumbent.
+
+The train and tissues are kernel_cases.py's (an inversion, then 500 x (pulse, sample, one-order shift, 10 ms),
+flips 5 -> 60 -> 2 degrees, 32 orders, float32; T1 log-uniform 200-3000 ms, T2 10-300 ms capped at 0.9 T1).
+Cases, with the incumbent's best median on this machine class (2 threads, float32; ms per call):
+
+    epg_real 10k          forward, real path                                  300
+    epg_real_jac 10k      (T1, T2) Jacobian (engine.jacobian), real path    1,452
+    epg_real_grad 10k     gradient of sum |signal|^2 w.r.t. the flips       1,236
+    epg_complex 10k       forward, quadratic RF phases (complex path)       2,219
+    epg_complex_jac 2k    (T1, T2) Jacobian, complex path                   3,275
+    pooled 2k             3 pools (free, B, semisolid), 100 repetitions       400
+    pooled5 500           5 pools, 100 repetitions                            412
+
+and `loss 10k`, torch alone: the gradient case's loss, (x.abs() ** 2).sum() and its backward, on a complex64
+[10k, 500] tensor, so the record shows how much of the gradient is torch's and how much the kernels'.
+
+Every case runs in a worker process per variant (`--library`, repeatable: a kernel build each, or the library
+blochsim finds when none is given), all kept warm; each round times one call of every case on every variant,
+the cases and the variants alternated (the order reversed every other round), so a load that comes and goes
+on the shared machine falls on all of them alike. Reported per case and variant: the median and the least of
+the rounds, the ratio of the median to the incumbent's, and with two variants or more, the median over rounds
+of each round's ratio to the first variant. The gradient's ratio to the forward (issue 29: at most 4x on the
+CPU) is taken round by round too.
+
+Run (on the 2-core machine, quiet):
+    PYTHONPATH=. python benchmarks/cpu_mrf_cases.py --threads 2 [--library build/a/libblochsim_cpu.so ...]
+Writes a new benchmarks/results/cpu_mrf_cases-<machine>-<date>-<commit>.json (_records.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: (case, tissues): the incumbent's best median on the 2-core machine class, ms per call (issue 20 item 12).
+INCUMBENT_MS = {
+    ("epg_real", 10000): 300.0,
+    ("epg_real_jac", 10000): 1452.0,
+    ("epg_real_grad", 10000): 1236.0,
+    ("epg_complex", 10000): 2219.0,
+    ("epg_complex_jac", 2000): 3275.0,
+    ("pooled", 2000): 400.0,
+    ("pooled5", 500): 412.0,
+}
+CASES = [*INCUMBENT_MS, ("loss", 10000)]
+#: Issue 20 item 12's bound on the real cases: at most this fraction of the incumbent's time.
+TARGET = 0.5
+
+
+def case_fn(name: str, n: int):
+    """One call of a case, as a function of nothing (kernel_cases.case_fn, plus the Jacobians and the loss)."""
+    import kernel_cases as kc
+    import torch
+
+    from blochsim import engine
+
+    if name == "loss":
+        x = torch.randn(n, 500, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+
+        def loss():
+            y = x.clone().requires_grad_()
+            return torch.autograd.grad((y.abs() ** 2).sum(), y)[0]
+        return loss
+    if name.endswith("_jac"):
+        quadratic = name.startswith("epg_complex")
+        phases = [math.radians(117) * k * (k + 1) / 2 for k in range(500)] if quadratic else 0
+        train = kc.mrf_description(torch.deg2rad(kc.flips_deg(500)), 0.010, phases_rad=phases)
+        tissue = kc.tissue(n, "cpu", "")
+        return lambda: engine.jacobian(train, tissue, ("t1_ms", "t2_ms"), states=kc.STATES)
+    return kc.case_fn(name, n, "cpu")
+
+
+def worker(threads: int) -> None:
+    """Serve timing requests on stdin, one JSON line each ({"case", "n"}), answering {"ms"} on stdout."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from blochsim import _native
+
+    fns = {}
+    print(json.dumps({"ready": True, "library": str(getattr(_native.cpu_library(), "_name", "")),
+                      "torch": torch.__version__}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        key = (ask["case"], ask["n"])
+        if key not in fns:
+            fns[key] = case_fn(*key)
+        t0 = time.perf_counter()
+        fns[key]()
+        print(json.dumps({"ms": 1e3 * (time.perf_counter() - t0)}), flush=True)
+
+
+class Variant:
+    """A worker process running the cases on one kernel library (None: the one blochsim finds)."""
+
+    def __init__(self, library: str | None, threads: int):
+        env = {**os.environ, "BLOCHSIM_NUM_THREADS": str(threads)}
+        if library:
+            env["BLOCHSIM_CPU_LIBRARY"] = str(Path(library).resolve())
+        self.name = library or "default"
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--threads", str(threads)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker for {self.name} stopped (its error is above)")
+        return json.loads(line)
+
+    def time(self, case: str, n: int) -> float:
+        self.proc.stdin.write(json.dumps({"case": case, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["ms"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def machine_name(threads: int) -> str:
+    model = "cpu"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}-{os.cpu_count()}cpu-{threads}threads"
+
+
+def cpu_flags() -> list[str]:
+    if not Path("/proc/cpuinfo").exists():
+        return []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return [f for f in ("sse2", "avx2", "fma", "avx512f") if f in line.split()]
+    return []
+
+
+def digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12] if path and Path(path).exists() else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu"], help="the host only")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--library", action="append", help="a kernel build to time (repeat to alternate builds)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cases", nargs="*", help="case names (default: all)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.threads)
+        return
+    from _records import write_record
+
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases]
+    variants = [Variant(lib, args.threads) for lib in (args.library or [None])]
+    record = {"task": "cpu_mrf_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine_name(args.threads), "platform": platform.platform(), "cpu_flags": cpu_flags(),
+              "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads,
+              "rounds": args.rounds, "torch": variants[0].info["torch"], "target_fraction": TARGET,
+              "variants": [{"name": v.name, "library": v.info["library"], "sha256": digest(v.info["library"])}
+                           for v in variants], "results": []}
+    times = {(c, v.name): [] for c in cases for v in variants}
+    first = {}
+    for c in cases:  # the first call of each case (a warm-up), then one more, untimed
+        for v in variants:
+            first[c, v.name] = v.time(*c)
+            v.time(*c)
+    for r in range(args.rounds):
+        order = [(c, v) for c in cases for v in variants]
+        for c, v in order if r % 2 == 0 else order[::-1]:
+            times[c, v.name].append(v.time(*c))
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    for v in variants:
+        v.close()
+
+    def per_round(a, b):
+        return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+    print(f"{'case':<17}{'n':>7}{'variant':>10}{'median ms':>11}{'least':>9}{'incumbent':>11}{'ratio':>7}"
+          f"{'vs first':>10}")
+    for c in cases:
+        inc = INCUMBENT_MS.get(c)
+        for i, v in enumerate(variants):
+            t = times[c, v.name]
+            row = {"case": c[0], "n": c[1], "variant": v.name, "first_ms": first[c, v.name],
+                   "median_ms": statistics.median(t), "least_ms": min(t), "times_ms": t, "incumbent_ms": inc,
+                   "ratio": statistics.median(t) / inc if inc else None,
+                   "ratio_to_first_variant": per_round(t, times[c, variants[0].name]) if i else None}
+            record["results"].append(row)
+            vs = f"{row['ratio_to_first_variant']:10.3f}" if i else f"{'':>10}"
+            ratio = f"{row['ratio']:7.3f}" if inc else f"{'':>7}"
+            print(f"{c[0]:<17}{c[1]:>7}{i:>10}{row['median_ms']:>11.1f}{row['least_ms']:>9.1f}{inc or '':>11}"
+                  f"{ratio}{vs}")
+    record["gradient_over_forward"] = {}
+    grad, fwd, loss = ("epg_real_grad", 10000), ("epg_real", 10000), ("loss", 10000)
+    if grad in cases and fwd in cases:
+        for v in variants:
+            ratio = per_round(times[grad, v.name], times[fwd, v.name])
+            entry = {"gradient_over_forward": ratio}
+            if loss in cases:  # the gradient without torch's loss and its backward, over the forward
+                entry["kernels_over_forward"] = statistics.median(
+                    (g - ls) / f for g, ls, f in zip(times[grad, v.name], times[loss, v.name], times[fwd, v.name],
+                                                     strict=True))
+            record["gradient_over_forward"][v.name] = entry
+            print(f"real gradient / forward, variant {v.name}: {ratio:.2f}" +
+                  (f" (without torch's loss: {entry['kernels_over_forward']:.2f})" if loss in cases else ""))
+    path = write_record(args.out, "cpu_mrf_cases", record["machine"], record)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
