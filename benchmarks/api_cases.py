@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from _records import write_record
-from kernel_cases import INCUMBENT_MS, POOLS, STATES, flips_deg, measure, select_cases
+from kernel_cases import INCUMBENT_MS, POOLS, STATES, case_train, flips_deg, measure, relaxation_maps, select_cases
 
 import blochsim
 from blochsim import _execution
@@ -52,23 +51,15 @@ _FIELD_NAMES = {field: name for name, field in PUBLIC_FIELDS.items()}
 
 def tissue(n: int, device, pools: str) -> dict:
     """kernel_cases.tissue by public name: T1, T2 maps on `device` and the pool properties as numbers."""
-    g = torch.Generator().manual_seed(0)
-    t1 = torch.exp(torch.empty(n).uniform_(math.log(200), math.log(3000), generator=g))
-    t2 = torch.minimum(torch.exp(torch.empty(n).uniform_(math.log(10), math.log(300), generator=g)), 0.9 * t1)
-    values = {"T1": t1.to(device), "T2": t2.to(device)}
+    t1, t2 = relaxation_maps(n, device)
+    values = {"T1": t1, "T2": t2}
     values.update({_FIELD_NAMES[field]: value for field, value in POOLS[pools].items()})
     return values
 
 
 def case_fn(name: str, n: int, device):
     """The call of one case, as a user writes it."""
-    family, _, kind = name.partition("_")
-    if family == "epg":
-        quadratic = kind.startswith("complex")
-        kind = kind.partition("_")[2]
-        reps, pools = 500, ""
-    else:
-        quadratic, reps, pools = False, 100, family
+    quadratic, reps, pools, kind = case_train(name)
     values = tissue(n, device, pools)
     flips = flips_deg(reps)
     phases = torch.tensor([117.0 * k * (k + 1) / 2 for k in range(reps)]) if quadratic else 0.0

@@ -53,21 +53,29 @@ def flips_deg(n: int) -> torch.Tensor:
     return torch.cat([torch.linspace(5, 60, n // 2), torch.linspace(60, 2, n - n // 2)])
 
 
-def tissue(n: int, device, pools: str) -> TissueProperties:
+def relaxation_maps(n: int, device) -> tuple:
+    """(T1, T2) in ms of n tissues: T1 log-uniform 200-3000, T2 log-uniform 10-300 capped at 0.9 T1 (seed 0)."""
     g = torch.Generator().manual_seed(0)
     t1 = torch.exp(torch.empty(n).uniform_(math.log(200), math.log(3000), generator=g))
     t2 = torch.minimum(torch.exp(torch.empty(n).uniform_(math.log(10), math.log(300), generator=g)), 0.9 * t1)
-    return TissueProperties(t1_ms=t1.to(device), t2_ms=t2.to(device), **POOLS[pools])
+    return t1.to(device), t2.to(device)
+
+
+def tissue(n: int, device, pools: str) -> TissueProperties:
+    t1, t2 = relaxation_maps(n, device)
+    return TissueProperties(t1_ms=t1, t2_ms=t2, **POOLS[pools])
+
+
+def case_train(name: str) -> tuple:
+    """(quadratic RF phases?, repetitions, pool family, derivative kind) of a case name."""
+    family, _, kind = name.partition("_")
+    if family == "epg":
+        return kind.startswith("complex"), 500, "", kind.partition("_")[2]
+    return False, 100, family, kind
 
 
 def case_fn(name: str, n: int, device):
-    family, _, kind = name.partition("_")
-    if family == "epg":
-        quadratic = kind.startswith("complex")
-        kind = kind.partition("_")[2]
-        reps, pools = 500, ""
-    else:
-        quadratic, reps, pools = False, 100, family
+    quadratic, reps, pools, kind = case_train(name)
     tis = tissue(n, device, pools)
     phases = [math.radians(117) * k * (k + 1) / 2 for k in range(reps)] if quadratic else 0
     base = torch.deg2rad(flips_deg(reps))
