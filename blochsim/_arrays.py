@@ -1,4 +1,4 @@
-"""Array libraries at the public edge (API.md 1.3): NumPy, CuPy or torch in, the same library out.
+"""Array libraries at the public edge: NumPy, CuPy or torch in, the same library out.
 
 Inputs are imported as torch tensors through DLPack or `torch.from_numpy` (no copy where the dtype
 allows). Results go back to the library of the first array-valued argument of the call, in keyword
@@ -72,7 +72,7 @@ def to_tensor(value, *, dtype: torch.dtype | None = None, name: str = "value") -
             except (TypeError, ValueError):
                 raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}") from None
             if t.dtype == torch.float64 and not _has_array(value):
-                t = t.to(torch.float32)  # Python numbers count as float32 (API.md 1.5)
+                t = t.to(torch.float32)  # Python numbers count as float32
     if dtype is not None:
         return t if t.dtype == dtype else t.to(dtype)
     if not (t.is_floating_point() or t.is_complex()):

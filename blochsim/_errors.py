@@ -1,4 +1,4 @@
-"""Errors users must get (API.md section 10): messages that name the argument, its value and what works.
+"""Errors users must get: messages that name the argument, its value and what works.
 
 Built-in exception types are kept for compatibility; only the CUDA loader adds its own class,
 `CudaBuildMismatch` (an `ImportError`).
@@ -63,7 +63,7 @@ def _install_line() -> str:
 
 
 def check_device(device) -> None:
-    """Raise the API.md section 10 error when `device` asks for CUDA that cannot be served.
+    """Raise the documented error when `device` asks for CUDA that cannot be served.
 
     A torch built without CUDA, or no visible GPU, gives RuntimeError; a missing or mismatched blochsim
     CUDA package gives `CudaBuildMismatch` (from the loader, `blochsim._native.cuda_library`). `None` and

@@ -1,4 +1,4 @@
-"""The incumbent's home of the model names (API.md 1.1 [compat]): the same objects as `blochsim.model`."""
+"""The incumbent's home of the model names (kept for compatibility): the same objects as `blochsim.model`."""
 
 from .model import BALANCED, REFOCUSED, SPOILED, UNBALANCED, EventOperators, Simulator, SpinPhysics
 

@@ -1,8 +1,8 @@
-"""`Simulator`, `SpinPhysics`, `EventOperators` and the presets (API.md section 2).
+"""`Simulator`, `SpinPhysics`, `EventOperators` and the presets.
 
 A `Simulator` subclass implements `layout()` (an event train, simulated by the EPG engine) or
 `evaluate()` (a closed form). Its public edge takes protocol in ms and degrees and tissue by the public
-names of API.md 4.1; `layout()` converts units when it calls operators.
+public tissue names (PUBLIC_FIELDS); `layout()` converts units when it calls operators.
 
 Calls that change only values are cheap: the structure of a layout is keyed by its structural arguments
 (Python numbers, strings, the shapes of arrays) and the run settings. The first call of a key walks the
@@ -68,7 +68,7 @@ from .sequence.tissue import TissueProperties
 __all__ = ["Simulator", "SpinPhysics", "EventOperators", "BALANCED", "UNBALANCED", "SPOILED", "REFOCUSED",
            "PUBLIC_FIELDS", "RUN_SETTINGS"]
 
-#: API.md 4.1: public property name -> `TissueProperties` field. `bound_T2` is [ours] (API.md 4.2).
+#: Public property name -> `TissueProperties` field.
 PUBLIC_FIELDS = {
     "T1": "t1_ms",
     "T2": "t2_ms",
@@ -98,11 +98,11 @@ _UNITS = {"ms": ("T1", "T2", "T2prime", "bound_T1", "T2star", "fat_T1", "fat_T2s
           "rad": ("B1phase",), "um^2/ms": ("D",), "m/s": ("v",)}
 UNITS = {name: unit for unit, names in _UNITS.items() for name in names}
 
-#: Run settings, accepted under these names by the constructor, `bind` and every call (API.md 2.2). [ours]
+#: Run settings, accepted under these names by the constructor, `bind` and every call.
 #: `dtype` is the event trains' precision (`DTYPES`).
 RUN_SETTINGS = ("states", "repetitions", "record", "device", "execution", "pulse", "shims", "across_slice", "dtype")
 #: The `dtype` run setting: what an event train computes in and returns. Default (not given): float32 kernels,
-#: complex64 results (API.md 1.5).
+#: complex64 results.
 DTYPES = {torch.float32: torch.float32, torch.complex64: torch.float32,
           torch.float64: torch.float64, torch.complex128: torch.float64}
 _CONSTRUCTOR_ONLY = ("model", "resolve", "crusher_dephasing_rad", "voxel_size_m")
@@ -124,7 +124,7 @@ CLASS = _ClassDefault()
 # -- handler slots and the physics model ------------------------------------------------------------
 @dataclass(frozen=True)
 class EventOperators:
-    """The handler of each event kind: any callable returning an `Operator` (API.md 2.3)."""
+    """The handler of each event kind: any callable returning an `Operator`."""
 
     excitation: Any = Excitation
     refocusing: Any = Refocusing
@@ -184,7 +184,7 @@ class SpinPhysics:
         return out
 
     def field_of(self, name: str) -> str | None:
-        """The tissue field of public property `name`: the declared one, else that of API.md 4.1."""
+        """The tissue field of public property `name`: the declared one, else PUBLIC_FIELDS's."""
         if name in self.properties:
             return self.properties[name]
         return PUBLIC_FIELDS.get(name)
@@ -269,7 +269,7 @@ def _keyword_names(function, skip: int) -> tuple[tuple, tuple, bool]:
 
 # -- Simulator --------------------------------------------------------------------------------------
 class Simulator:
-    """Base class of every simulator (API.md section 2): subclass it and implement `layout` or `evaluate`.
+    """Base class of every simulator: subclass it and implement `layout` or `evaluate`.
 
     `layout(self, *, <protocol>) -> list[Operator | (offset_s, Operator)]` returns one repetition built
     from `self.operators.<slot>(...)`; protocol values arrive as torch tensors (arrays, float64) or Python
@@ -281,8 +281,8 @@ class Simulator:
     Class attributes (a call may override the run settings): `model`, `states`, `repetitions`, `record`,
     `execution`, `across_slice`, `crusher_dephasing_rad`, `voxel_size_m`, the handler slots,
     `structural` (protocol names passed to `layout` as given and keyed by value, e.g. `("nshots",)`;
-    Python ints, floats and strings always are) and [ours] `post_rotation_rad`: the engine's samples are
-    multiplied by `exp(i post_rotation_rad)` (MRF: pi/2, the +i of API.md 1.6), applied as an offset of
+    Python ints, floats and strings always are) and `post_rotation_rad`: the engine's samples are
+    multiplied by `exp(i post_rotation_rad)` (MRF: pi/2, the +i of the incumbent's convention), applied as an offset of
     the ADC demodulation phases so it costs nothing per sample; `from_description` instances skip it.
     """
 
@@ -400,7 +400,7 @@ class Simulator:
             raise TypeError(f"{simulator} is a closed form and does not model {name!r}; it models: {modeled}")
         accepted = list(self._routes)
         own = [n for n, k in self._routes.items() if k == "p" or n in self._model.properties]
-        listing = ", ".join(own) + (", every API.md 4.1 property" if self._event_train else "") + \
+        listing = ", ".join(own) + (", every public tissue property" if self._event_train else "") + \
             f"; run settings: {', '.join(RUN_SETTINGS)}"
         raise unknown_name(name, simulator, accepted, where=where, listing=listing)
 
@@ -421,7 +421,7 @@ class Simulator:
 
     @property
     def accepts(self) -> tuple:
-        """`exposes`, plus every API.md 4.1 name for event trains."""
+        """`exposes`, plus every public tissue name (PUBLIC_FIELDS) for event trains."""
         return tuple(name for name, kind in self._routes.items() if kind == "t")
 
     @property
@@ -548,7 +548,7 @@ class Simulator:
 
     @staticmethod
     def _convert_tissue(tissue: dict, settings: Mapping | None = None) -> dict:
-        """Tissue values as float tensors: Python numbers float32 (API.md 1.5), float64 under `dtype=` float64."""
+        """Tissue values as float tensors: Python numbers float32, float64 under `dtype=` float64."""
         number = DTYPES.get(settings.get("dtype"), torch.float32) if settings else torch.float32
         out = {}
         for name, value in tissue.items():
@@ -572,10 +572,10 @@ class Simulator:
 
     @loop_under_vmap
     def simulate(self, **values):
-        """The signal (API.md 1.3-1.6): tissue properties, protocol and run settings by name.
+        """The signal: tissue properties, protocol and run settings by name.
 
         Event trains return complex64 of shape `(*voxel_shape, samples)`, computed by the float32 kernels;
-        [ours] `dtype=torch.float64` (or `torch.complex128`) runs the float64 kernels and returns complex128.
+        `dtype=torch.float64` (or `torch.complex128`) runs the float64 kernels and returns complex128.
         Differentiable in reverse mode with respect to every torch tensor given (flips, phases, timings,
         tissue maps).
         """
@@ -588,7 +588,7 @@ class Simulator:
         return to_library(out, library)
 
     def evaluate(self, properties: Mapping, **sequence):
-        """The default of an event train: run the engine on the layout (API.md 2)."""
+        """The default of an event train: run the engine on the layout."""
         if not self._event_train:
             raise NotImplementedError(f"{type(self).__name__} must implement evaluate() (a closed form) or "
                                       "layout() (an event train)")
@@ -597,7 +597,7 @@ class Simulator:
 
     @loop_under_vmap
     def jacobian(self, diff, **values):
-        """(signal, J) by forward mode, all voxels at once (API.md 2.4).
+        """(signal, J) by forward mode, all voxels at once.
 
         `diff` a name gives J of shape `(*voxel, samples)`; a sequence of names, even of one, gives
         `(*voxel, P, samples)`. Raises ValueError for a name the call did not give, for a protocol
@@ -724,7 +724,7 @@ class Simulator:
                                       "integration is not built into the engine yet; leave across_slice=None")
 
     def _placement(self, settings: dict, fields: dict) -> tuple:
-        """(device the tissue is packed on, device the results return to), API.md 1.3 and 9.
+        """(device the tissue is packed on, device the results return to).
 
         The tissue tensors' device, unless `device=` says otherwise; results return to the tissue tensors'
         device (to `device=` if there are none). An execution policy moves no tissue here: the kernel layer
@@ -792,7 +792,7 @@ class Simulator:
 
     def _run_trains(self, parts, protocol, states, repetitions, record, complex_states, packed, fields, jacobian,
                     dtype, double=False):
-        """(signal, J) of a layout whose event values carry a train axis (API.md 1.4): one program per train of
+        """(signal, J) of a layout whose event values carry a train axis: one program per train of
         `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
         is walked and each train compiled on every call."""
         args = None if self._stored is not None else protocol
@@ -927,7 +927,7 @@ class Simulator:
 
     def _compiled(self, description, args, states, repetitions, record, complex_states):
         """`description` compiled for a call: (program, windings per repetition, for 'auto' only)."""
-        if repetitions == "auto":  # one playing; the orders for many (API.md 2.1)
+        if repetitions == "auto":  # one playing; the orders for many
             program = compile_fast(description, record=record, states=states or 1, complex_states=complex_states)
             if states is None:
                 program.num_states = max(8, min(64, 1 + (1 << 20) * windings(program)))
@@ -939,7 +939,7 @@ class Simulator:
     # -- from a description -----------------------------------------------------------------------
     @classmethod
     def from_description(cls, description: SequenceDescription, model: SpinPhysics | None = None, **settings):
-        """A simulator of a stored stream re-emitted through the class's handlers (API.md 6.6).
+        """A simulator of a stored stream re-emitted through the class's handlers.
 
         Each RF event goes, at its own timestamp, to the slot its `RfUse` names, with whichever of
         `flip_rad, phase_rad, definition_id, frequency_hz, offset_hz, shim_id` the handler accepts; ADC
@@ -966,7 +966,7 @@ class Simulator:
 def on_host(args: dict) -> dict:
     """A protocol with its tensors on the CPU, for `layout()` and the compiler, which build their event
     tables on the host: a protocol tensor on a GPU is copied over once per walk, and autograd carries its
-    gradient back to it. The kernels then run where the tissue is (API.md 1.3)."""
+    gradient back to it. The kernels then run where the tissue is."""
     if all(not isinstance(v, torch.Tensor) or v.is_cpu for v in args.values()):
         return args
     return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in args.items()}

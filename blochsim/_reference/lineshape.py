@@ -2,7 +2,7 @@
 
 A pulse of effective flip α (rad) at frequency f_rf saturates the semisolid pool's
 longitudinal magnetization by exp(S·α²·G(f_rf − B0)), with S from the RF
-definition (1/s per rad², API.md §4.2). Each G is normalized over angular
+definition (1/s per rad²). Each G is normalized over angular
 frequency, ∫G d(2πΔf) = 1 (Graham & Henkelman 1997; Malik 2018, EPG-X).
 
 With Δf in Hz, T2b the semisolid T2 (tissue field `t2_bound_ms`, converted to s)

@@ -1,4 +1,4 @@
-"""Rebinding values to a compiled structure: the fast path of calls that change only values (API.md 3.4).
+"""Rebinding values to a compiled structure: the fast path of calls that change only values.
 
 A compiled `Program` is a structure (action bits, sample slots, path, orders) plus four value arrays
 (interval lengths, wrap interval, flips, phases). A simulator's layout is a function of its protocol

@@ -4,7 +4,7 @@ A program is the *structure* (per-event action bits and sample slots, the path, 
 *values* (interval lengths, flips, phases) as torch tensors built from the description's own numbers,
 so autograd carries gradients from the kernels back to whatever tensors the description was made of.
 
-Event semantics are those of API.md section 3.3 and `blochsim._reference`. WAIT events with no action
+Event semantics are those of `blochsim._reference` (its module docstring). WAIT events with no action
 only mark time, so they are dropped; their time goes into the next event's interval.
 
 The compiler reads the events as columns (`sequence.columns`): a builder's, laid out with vector ops, or
@@ -129,7 +129,7 @@ def check_states(states, name: str = "states") -> int | None:
 
 
 def default_states(description, repetitions: int) -> int:
-    """API.md 2.1: max(8, min(64, 1 + repetitions x windings per repetition))."""
+    """The default EPG orders: max(8, min(64, 1 + repetitions x windings per repetition))."""
     return max(8, min(64, 1 + repetitions * shifts_per_repetition(description)))
 
 
@@ -148,7 +148,7 @@ _RF, _ADC = int(EventType.RF), int(EventType.ADC)  # ints: NumPy compares them ~
 _CACHE = "_blochsim_programs"
 
 
-# -- train axis (API.md 1.4) --------------------------------------------------------------------
+# -- train axis --------------------------------------------------------------------
 class _PerTrain(Exception):
     """Raised inside `_compile` at the first event value with more than one entry."""
 
@@ -198,7 +198,7 @@ def split_trains(description) -> list | None:
             where = f"events[{i}].{name}"
             if value.dim() != 1 or value.numel() == 0:
                 raise ValueError(f"{where} has shape {tuple(value.shape)}: an event value is a scalar or 1-D, one "
-                                 "value per train (the leading train axis of API.md 1.4)")
+                                 "value per train (the leading train axis)")
             if length is None:
                 length, first = value.numel(), where
             elif value.numel() != length:
@@ -428,7 +428,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
     tr_us = (tr_us.to(device=t_us.device, dtype=torch.float64) if isinstance(tr_us, torch.Tensor)
              else torch.tensor(float(tr_us), dtype=torch.float64)).reshape(1)
     dt_wrap_s = (tr_us - t_us[-1:] + t_us[:1]) * 1e-6
-    if states is None:  # API.md 2.1, as engine.default_states counts it
+    if states is None:  # as engine.default_states counts it
         states = max(8, min(64, 1 + repetitions * _count_windings(action)))
     nonzero = _host(dt_s != 0)
     nonzero[0] |= bool(dt_wrap_s.detach()[0] != 0) and repetitions > 1

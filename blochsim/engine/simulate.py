@@ -150,7 +150,7 @@ def simulate(
 
     A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.unrefocused`).
     Event values with a train axis of T (`program.split_trains`) give (T, *voxel_shape, samples): one
-    program per train, stacked first (API.md 1.4). Under `torch.func.vmap` the batch runs as a loop
+    program per train, stacked first. Under `torch.func.vmap` the batch runs as a loop
     (`engine.vmap`)."""
     try:
         program, static, inputs, voxel_shape = prepare(

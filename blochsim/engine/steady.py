@@ -1,4 +1,4 @@
-"""Steady state (`repetitions="auto"`, API.md 3.4) by extrapolating the playings with Wynn's epsilon.
+"""Steady state (`repetitions="auto"`) by extrapolating the playings with Wynn's epsilon.
 
 Let S_j be the samples of playing j. Each playing is an affine map of the EPG state, so S_j - S* is a
 sum of modes lambda^j over the eigenvalues of that map, and the Shanks transform of order k (Wynn's

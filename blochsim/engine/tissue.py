@@ -23,7 +23,7 @@ __all__ = ["PackedTissue", "pack_tissue", "check_tissue", "check_values", "Accep
            "TIME_FIELDS"]
 
 #: Relaxation times: NaN or negative is an error; 0 (clamped to 1e-6 ms: it relaxes at once) and inf (it
-#: never relaxes) are allowed (API.md 4.3, 10).
+#: never relaxes) are allowed.
 TIME_FIELDS = ("t1_ms", "t2_ms", "t1_bound_ms", "t2_bound_ms", "t2_prime_ms") + tuple(
     f"t{n}_pool_{p}_ms" for p in "bcde" for n in (1, 2)
 )
@@ -44,7 +44,7 @@ class Accepted:
 
     @classmethod
     def time(cls, what: str) -> Accepted:
-        """A relaxation time (API.md 4.3): >= 0 ms or inf; 0 is clamped to 1e-6 ms. `what` says what inf means."""
+        """A relaxation time: >= 0 ms or inf; 0 is clamped to 1e-6 ms. `what` says what inf means."""
         return cls(0.0, True, f"a time >= 0 ms, not NaN (0 relaxes at once: it is clamped to 1e-6 ms; {what})")
 
     @classmethod

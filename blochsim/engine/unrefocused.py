@@ -1,4 +1,4 @@
-"""The unrefocused time of each sample, and T2' on the samples (API.md 3.3 step 4).
+"""The unrefocused time of each sample, and T2' on the samples.
 
 A Lorentzian spread of off-resonance of half width 1/T2' multiplies a coherence pathway that has
 precessed for a net time τ by `exp(-|τ|/T2')`. The EPG states do not carry τ, but a sequence that winds

@@ -1,4 +1,4 @@
-"""`torch.func.vmap` over the engine (API.md 2.4): the batch runs as a loop of ordinary calls.
+"""`torch.func.vmap` over the engine: the batch runs as a loop of ordinary calls.
 
 The engine reads structure from values (`.tolist()`, Python branches on counts and phases) and gives
 raw pointers to the kernels; a vmap batch allows neither. So a public entry point (`loop_under_vmap`)

@@ -1,4 +1,4 @@
-"""The sequence description layer: events, operators, RF definitions, descriptions (API.md section 6)."""
+"""The sequence description layer: events, operators, RF definitions, descriptions."""
 
 from .._execution import execution, offload
 from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
@@ -30,7 +30,7 @@ from .rf import RfDefinition, RfShape, ShimDefinition, decompress_shape, ideal_r
 from .tissue import TissueProperties
 
 __all__ = [
-    # operators (API.md 3.1-3.2)
+    # operators
     "Operator",
     "compose",
     "module",

@@ -1,4 +1,4 @@
-"""Ready-made descriptions of common trains (API.md section 6.4). Angles in rad, times in s.
+"""Ready-made descriptions of common trains. Angles in rad, times in s.
 
 Per-shot arguments are a scalar (repeated) or one value per shot; a tensor stays
 differentiable (its entries land in the event params, its durations in the
@@ -341,7 +341,7 @@ def mrf_description(flip_rad, repetition_time_s, *, inversion_time_s=0, phases_r
     """MR fingerprinting (FISP): an ideal inversion and a `Delay(inversion_time_s)`, then per TR
     `Excitation(flip, phase) @ SSFPFidReadout(phase, duration_s=TR)`.
 
-    `repetition_time_s` and `phases_rad` are scalars or one per flip. [ours]
+    `repetition_time_s` and `phases_rad` are scalars or one per flip.
     `inversion=False` drops the inversion and its delay.
     """
     flips = _split("flip_rad", flip_rad)

@@ -1,4 +1,4 @@
-"""`SequenceDescription`: one repetition's events plus its RF and shim definitions (API.md 6.4)."""
+"""`SequenceDescription`: one repetition's events plus its RF and shim definitions."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The engine at the description layer (API.md 6.4): `EpgEngine`, `SimulationResult`, `pack_description`.
+"""The engine at the description layer: `EpgEngine`, `SimulationResult`, `pack_description`.
 
 `EpgEngine().simulate(description, tissue)` plays a `SequenceDescription` on a `TissueProperties` and
-returns the raw engine samples (no post-rotation, API.md 1.6) with one label per sample.
+returns the raw engine samples (no post-rotation) with one label per sample.
 `pack_description` compiles a description once, for callers that hold the structure fixed and call
-`simulate(..., events=packed)` many times. A description whose event values carry a train axis (API.md
-1.4, `engine.program.split_trains`) is packed as one description per train and simulated as one program
+`simulate(..., events=packed)` many times. A description whose event values carry a train axis
+(`engine.program.split_trains`) is packed as one description per train and simulated as one program
 per train, stacked first; the trains share one timeline, hence one set of labels.
 """
 
@@ -127,7 +127,7 @@ def _tissue_fields(tissue: TissueProperties) -> dict:
 
 
 class EpgEngine:
-    """The EPG engine on `SequenceDescription`s (API.md 6.4). Stateless."""
+    """The EPG engine on `SequenceDescription`s. Stateless."""
 
     def shifts_per_repetition(self, description: SequenceDescription) -> int:
         """Windings of one repetition: CRUSH_BEFORE, CRUSH_AFTER and SHIFT_AFTER each count once."""
@@ -139,8 +139,8 @@ class EpgEngine:
                  events: PackedDescription | None = None) -> SimulationResult:
         """Play `description` on `tissue` and return the samples of the last playing with their labels.
 
-        `repetitions` is an int >= 1 or "auto" (steady state, API.md 3.4); `nstates` the EPG orders
-        (None: automatic, API.md 2.1). `events` is a `pack_description` result for this description.
+        `repetitions` is an int >= 1 or "auto" (steady state); `nstates` the EPG orders
+        (None: automatic). `events` is a `pack_description` result for this description.
         Differentiable in reverse mode through every tensor of the description and the tissue. Event
         values with a train axis give a signal `(trains, *voxel_shape, samples)`, one program per train.
         Under `torch.func.vmap` the batch runs as a loop (`engine.vmap`).

@@ -1,4 +1,4 @@
-"""Sequence events: the enums and the frozen `SequenceEvent` (API.md section 6.1-6.2).
+"""Sequence events: the enums and the frozen `SequenceEvent`.
 
 Times on events are in microseconds from the start of the repetition; angles in
 rad; frequencies in Hz. `params` may hold torch tensors, which keeps a

@@ -1,4 +1,4 @@
-"""Operators: modules of sequence events placed in time (API.md sections 3.1-3.2).
+"""Operators: modules of sequence events placed in time.
 
 An `Operator` is a function `emit(start_s) -> tuple[SequenceEvent, ...]` plus the
 stretch of time `duration_s` it occupies. Operators compose back to back with `@`,
@@ -15,7 +15,7 @@ Conventions (the engine and the packer rely on them):
   end: a compiler differentiates the intervals `t[i] - t[i-1]`.
 * Value arguments (flip, phase, frequency) are Python floats or tensors, kept as
   given in the event params so that they stay differentiable. A 1-D tensor holds
-  one value per train (the leading train axis of API.md section 1.4).
+  one value per train (the leading train axis).
 * The event structure (count, kinds, actions, ids) of every shipped operator
   depends on structural arguments only, never on values: a zero-length `Delay`
   still emits its WAIT event.
@@ -291,7 +291,7 @@ def SampledPulse(waveform_rad_per_s, dwell_s, *, phase_rad=0.0, offset_hz=0.0, d
     `waveform_rad_per_s` is a real or complex 1-D array or tensor (a tensor stays
     differentiable). `phase_rad` and `offset_hz` are scalars, or arrays of one entry
     per train: with more than one entry, each event's phase (and frequency) param is
-    a tensor of shape `(trains,)`, the leading train axis of API.md section 1.4 (the
+    a tensor of shape `(trains,)`, the leading train axis (the
     engine runs one program per train and stacks the results first).
     """
     w = waveform_rad_per_s

@@ -1,4 +1,4 @@
-"""RF and shim definitions (API.md section 6.3).
+"""RF and shim definitions.
 
 An `RfDefinition` is the shape of a pulse; an RF event plays it at an amplitude.
 Envelopes `w(t)` are complex and dimensionless up to the definition's
@@ -128,7 +128,7 @@ def _raster(rf_raster_time_s: float) -> float:
 
 @dataclass(frozen=True)
 class RfDefinition:
-    """The shape of an RF pulse (API.md section 6.3).
+    """The shape of an RF pulse.
 
     Fields: `id`; `bandwidth_hz` (0: not slice-selective); `num_bands` (1-8) with
     `band_frequency_offsets_hz` (one per band) and `band_bandwidth_hz` (each band's);
@@ -136,7 +136,7 @@ class RfDefinition:
     (cycles) as `RfShape`s, or per-channel tuples of them for a dynamic pTx pulse (a
     single phase shape serves every channel); `time` (sample centres in raster units,
     shared by the channels) and `gradient` (relative slice-select gradient) as
-    `RfShape`s or None. [ours] `sample_duration_s`, when set, is the span in s of every
+    `RfShape`s or None. `sample_duration_s`, when set, is the span in s of every
     sample whatever the raster; the ideal pulse uses it.
 
     **Signed-flip rule.** An event of amplitude `a` plays the rotation of signed flip

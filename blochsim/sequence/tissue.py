@@ -1,4 +1,4 @@
-"""`TissueProperties`: the engine's tissue fields (API.md section 4.1).
+"""`TissueProperties`: the engine's tissue fields.
 
 Every field but `t1_ms` and `t2_ms` has an identity value (the default): a field
 left at it switches no physics on. Values are Python numbers or tensors that

@@ -1,4 +1,4 @@
-"""The shipped simulators (API.md section 5) and their function forms."""
+"""The shipped simulators and their function forms."""
 
 from . import (
     asl,
@@ -53,7 +53,7 @@ from .spgr import SPGRSimulator, spgr_sim
 from .stimulated_echo import StimulatedEchoSimulator, stimulatedecho_sim
 from .truefisp import TrueFISPSimulator, truefisp_sim
 
-spin_echo = relaxometry  # API.md 1.1 names a spin_echo submodule
+spin_echo = relaxometry  # the documented spin_echo submodule name
 
 #: The function forms, exported at top level too (blochsim.spgr_sim, ...).
 FUNCTION_FORMS = (

@@ -1,17 +1,17 @@
-"""Shared plumbing of the closed-form simulators (API.md 5.2): names, placement and the sample-axis rule.
+"""Shared plumbing of the closed-form simulators: names, placement and the sample-axis rule.
 
 A closed form subclasses `ClosedForm`, declares its tissue names in `model`, and implements
 `evaluate(self, properties, *, <protocol>, device=None)` by calling `arrange` (which checks and lays out
 the inputs), one function of `_formulas`, and `finish` (which returns the result to the tissue's device).
 
-Shapes (API.md 1.4): the tissue properties broadcast against each other into `voxel_shape`; the protocol
+Shapes: the tissue properties broadcast against each other into `voxel_shape`; the protocol
 arrays broadcast against each other into the sample shape, which is appended after the voxel shape, so
 the result has shape `(*voxel_shape, *sample_shape)` and a scalar protocol gives no sample axis. `arrange`
 achieves this by giving every tissue tensor as many trailing singleton axes as the sample shape has, which
 is the layout the `_formulas` functions expect. Dtypes follow the formulas: the promoted dtype of the
 inputs (float32 for Python numbers, float64 as soon as one input is float64).
 
-Placement (API.md 1.3): work runs on `device=` when given, else where the tissue tensors are (the first
+Placement: work runs on `device=` when given, else where the tissue tensors are (the first
 one off the CPU decides); the result returns to the tissue tensors' device.
 """
 
@@ -30,7 +30,7 @@ from ..model import PUBLIC_FIELDS, UNITS, Simulator
 
 __all__ = ["ClosedForm", "Arranged"]
 
-#: The accepted range of every closed-form tissue name (API.md 4.1): the event trains' names as the engine
+#: The accepted range of every closed-form tissue name: the event trains' names as the engine
 #: takes them, and the closed-form names. Checked before the tissue is laid out, so that a bad index is the
 #: caller's. `range_of` adds the Lorentzian pool names.
 RANGES = {
@@ -95,7 +95,7 @@ class Arranged:
 class ClosedForm(Simulator):
     """Base of the shipped closed forms: a `Simulator` whose subclasses implement `evaluate`.
 
-    It adds to the base class the check of the required protocol with the message of API.md 10 (the
+    It adds to the base class the check of the required protocol with the documented message (the
     base class checks it for event trains only) and the helper `arrange`.
     """
 

@@ -1,4 +1,4 @@
-"""Function forms `xxx_sim` of the simulators (API.md 5.3), made from a class and a signature spec.
+"""Function forms `xxx_sim` of the simulators, made from a class and a signature spec.
 
 `xxx_sim(<required protocol>, <required tissue>, diff=None, <optional ...>, device=None, **values)`
 returns the signal, or `(signal, J)` when `diff` is a name or a tuple of names, with the shapes of
@@ -19,7 +19,7 @@ def function_form(cls, name: str, required: tuple, optional: tuple, *, renames: 
 
     `optional` is a sequence of `(argument, default)` in positional order and must hold `("diff", None)`;
     `renames` maps argument names to the simulator's (e.g. `{"nreps": "repetitions"}`). An optional
-    argument left at its default is not forwarded: the defaults are the class's own (API.md 5.3), and an
+    argument left at its default is not forwarded: the defaults are the class's own, and an
     identity property that is not sent keeps its physics off at no cost. It is forwarded when `diff`
     names it.
     """
@@ -63,7 +63,7 @@ def function_form(cls, name: str, required: tuple, optional: tuple, *, renames: 
 
     form.__name__ = form.__qualname__ = name
     form.__signature__ = inspect.Signature(parameters)
-    form.__doc__ = (f"Function form of `{cls.__name__}` (API.md 5.3): returns the signal, or (signal, J) when "
+    form.__doc__ = (f"Function form of `{cls.__name__}`: returns the signal, or (signal, J) when "
                     f"`diff` names properties.\n\n{inspect.getdoc(cls) or ''}")
     form.__module__ = cls.__module__
     return form

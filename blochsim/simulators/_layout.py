@@ -1,7 +1,7 @@
 """Helpers the event-train layouts share: unit conversion, per-shot values, counts and timing checks.
 
 Protocol values reach `layout()` in public units (ms, degrees) as Python numbers or float64 tensors
-(API.md 2); these helpers convert them without breaking autograd and split per-shot arrays into one
+; these helpers convert them without breaking autograd and split per-shot arrays into one
 value per shot. Nothing here is physics.
 """
 
@@ -53,7 +53,7 @@ def count(name: str, value: Any, *, minimum: int = 1) -> int:
 
 
 #: Per-shot protocol values that may carry a leading train axis: they become RF event values, which
-#: take one entry per train (API.md 1.4). Durations set the timeline that the trains share.
+#: take one entry per train. Durations set the timeline that the trains share.
 TRAIN_VALUES = ("flip", "phases")
 
 

@@ -7,7 +7,7 @@
     per train can be resolved once and reused (FSE's `(trains, ETL)` flips: later calls skip the layout),
     or when the trains join along the samples (CEST, one simulation per offset). It says how in
     `trains(protocol, tissue)`, and the mixin runs the engine once per train and joins the results:
-    stacked first (`train_axis = 0`, API.md 1.4) or concatenated along the samples (`train_axis = -1`).
+    stacked first (`train_axis = 0`) or concatenated along the samples (`train_axis = -1`).
     The mixin wraps the public `simulate` and `jacobian` (one `Simulator` call per train; each engine run
     serves one forward-mode pass), so `evaluate` stays the plain engine run. Calls whose protocol holds
     no value of `train_dims` dimensions pass through at the cost of a look at those values.
@@ -102,7 +102,7 @@ class TrainLoop:
         parts = self._parts(values)
         if parts is None:
             return super().jacobian(diff, **values)
-        # The caller's library (API.md 1.3), decided before the per-train values replace the arrays.
+        # The caller's library, decided before the per-train values replace the arrays.
         library = first_library(values) or first_library(self._protocol, self._bound)
         signals, jacobians = [], []
         for part in parts:
@@ -128,7 +128,7 @@ class TrainLoop:
 
 def _scaled(pulse: Operator, scale: torch.Tensor) -> Operator:
     """`pulse` with every RF amplitude times `scale`: a `(trains,)` scale gives `(trains,)` event values, the
-    train axis of API.md 1.4 (a waveform holds one train)."""
+    train axis (a waveform holds one train)."""
 
     def emit(start_s):
         return tuple(trusted_event(e.type, e.timestamp_us, (*e.params[:2], e.params[2] * scale, *e.params[3:]),

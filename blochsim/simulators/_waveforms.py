@@ -10,7 +10,7 @@ start, which is where `SampledPulse` plays them. Each sample is a hard pulse of 
   `-mu beta tanh(beta t) / 2 pi`, with the values of Bernstein, King and Zhou (Handbook of MRI Pulse
   Sequences, 2004, section 6.2): peak 14 uT, beta = 800 1/s, mu = 4.9.
 * `sampled_definition`: the RF definition of one sample. A sample is a rectangle one dwell long, so
-  its semisolid saturation `S alpha^2 G` with `S = -pi / dwell` (API.md 4.2) adds up to
+  its semisolid saturation `S alpha^2 G` with `S = -pi / dwell` adds up to
   `-pi w1^2 G` per unit time, the continuous-wave rate (Graham & Henkelman 1997), whatever the dwell.
   The ideal pulse (`S = -2 pi^2`) would give `-2 pi^2 w1^2 dwell^2 G` per sample, which vanishes as the
   dwell shrinks. Its envelope is constant and it has no bandwidth, so it turns instantly (mode

@@ -1,4 +1,4 @@
-"""Arterial spin labelling: `ASLSimulator` and `asl_sim` (API.md 5.2, 5.3)."""
+"""Arterial spin labelling: `ASLSimulator` and `asl_sim`."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ class bSSFPSimulator(ClosedForm):
         S = M0 i (1 - E2 e^{i psi}) (1 - E1) sin a / D  e^{-TE/T2} e^{i 2 pi (chemshift - B0) TE},
         D = (1 - E1 cos a)(1 - E2 cos psi) - E2 (E1 - cos a)(E2 - cos psi),
 
-    which is +i |M| on resonance with phase_inc = 180 (API.md 1.6): 0.1332i at T1/T2 = 1000/100 ms,
+    which is +i |M| on resonance with phase_inc = 180: 0.1332i at T1/T2 = 1000/100 ms,
     flip 60, TR 10, TE 5. [fix] The steady state uses E2 of TR, only the echo uses TE.
 
     Protocol: `flip` (deg), `TR` (ms), `TE=None` (ms, TR/2), `phase_inc=180` (deg). Tissue: `T1`, `T2` (ms,

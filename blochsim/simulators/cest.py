@@ -1,7 +1,7 @@
 """Chemical exchange saturation transfer: the Lorentzian Z-spectrum model and the CEST event train.
 
 Section 1, `LorentzianSimulator` and `lorentzian_sim`: the multi-pool Lorentzian fit model (closed form).
-Section 2, `CESTSimulator` and `cest_sim`: the pulsed saturation event train (API.md 5.1), below.
+Section 2, `CESTSimulator` and `cest_sim`: the pulsed saturation event train, below.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _LORENTZIAN: dict[int, LorentzianSimulator] = {}
 
 
 def lorentzian_sim(offsets, pools=1, diff=None, M0=1.0, device=None, **values):
-    """Function form of `LorentzianSimulator` (API.md 5.3): the signal, or (signal, J) when `diff` names
+    """Function form of `LorentzianSimulator`: the signal, or (signal, J) when `diff` names
     properties, with the shapes of `Simulator.jacobian`.
 
     The pool properties `pool{k}_amplitude`, `pool{k}_width`, `pool{k}_shift` (k = 1 .. `pools`) come through
@@ -86,7 +86,7 @@ _POOLS = tuple(f"pool{x}_{part}" for x in "BCDE" for part in ("fraction", "excha
 
 
 class CESTSimulator(TrainLoop, SampledPulses, Simulator):
-    """A Z-spectrum from pulsed saturation (API.md 5.1), in the manner of pulseq-cest (Herz et al., MRM
+    """A Z-spectrum from pulsed saturation, in the manner of pulseq-cest (Herz et al., MRM
     2021;86:1845): one simulation per offset, each from equilibrium.
 
     Protocol: `offsets` (ppm), `field_strength=3.0` (T), `B1sat=1.0` (uT), `npulses=1`,
@@ -103,7 +103,7 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
 
     Tissue: T1, T2 (ms), M0, B1 (scales every pulse: the saturation, and the read by sin(90 B1)), B0 (Hz),
     the exchanging pools `poolB_* .. poolE_*` (`_shift` in Hz: 2 ppm at 3 T is 255.5 Hz; `_exchange` in
-    Hz with the engine's convention, API.md 3.3), and every API.md 4.1 name (`bound_*` for a semisolid pool).
+    Hz with the engine's convention), and every public tissue name (`bound_*` for a semisolid pool).
 
     Returns real float32 `(..., len(offsets))` (a scalar offset gives one sample): Mz of the water-like
     pools at the read, in units of M0, so about 1 far off resonance without a semisolid pool. The offsets

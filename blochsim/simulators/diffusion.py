@@ -1,4 +1,4 @@
-"""Diffusion weighting: `DiffusionSimulator` and `diffusion_sim` (API.md 5.2, 5.3).
+"""Diffusion weighting: `DiffusionSimulator` and `diffusion_sim`.
 
 `TENSOR` (public) is the order of the six tensor components, `("Dxx", "Dyy", "Dzz", "Dxy", "Dxz", "Dyz")`;
 see `diffusion_tensor`.

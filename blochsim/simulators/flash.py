@@ -1,4 +1,4 @@
-"""Spoiled gradient echo with shaped pulses: `FLASHSimulator` and `flash_sim` (API.md 5.1, 5.3)."""
+"""Spoiled gradient echo with shaped pulses: `FLASHSimulator` and `flash_sim`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["FLASHSimulator", "flash_sim"]
 
 
 class FLASHSimulator(SampledPulses, Simulator):
-    """FLASH (Haase et al. 1986): a spoiled gradient-echo train of shaped pulses (API.md 5.1).
+    """FLASH (Haase et al. 1986): a spoiled gradient-echo train of shaped pulses.
 
     Protocol: `flip` (deg, a scalar or one per shot), `TR` (ms), `TE` (ms, from the pulse centre; at least
     half the pulse, and the sample must come before the next pulse), `nshots`, `pulse_duration=1.0` (ms;
@@ -24,15 +24,15 @@ class FLASHSimulator(SampledPulses, Simulator):
     `dwell`, free evolution between them), so B0 and relaxation act during it. Spoiling is ideal (the
     transverse magnetization is zeroed after each sample, `states=1` unless given), or with
     `rf_spoiling` quadratic: pulse n (from 0) has phase `rf_spoiling n (n + 1) / 2` and its sample is
-    demodulated by it, with one EPG order wound per TR (`states` then follows API.md 2.1). An inversion,
+    demodulated by it, with one EPG order wound per TR (`states` then follows the default order count). An inversion,
     if any, comes first: ideal (`Z -> -inv_efficiency Z`, in the middle of `inversion_duration`) or
     adiabatic (a hyperbolic secant, 14 uT peak, beta = 800 1/s, mu = 4.9, over `inversion_duration`);
     then `spoiler` ms closed by a spoiler gradient, then the train, whose first pulse starts there.
     When the pulses are shaped (`pulse_duration > 0`), definition 0 is a rectangle one dwell long, so
     a semisolid pool is saturated at the continuous-wave rate of the waveform (`_waveforms`).
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, and every API.md 4.1 name. Returns
-    `(..., nshots)` complex64, the engine's own value (API.md 1.6): `-i sin(a) Mz` on resonance.
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, and every public tissue name. Returns
+    `(..., nshots)` complex64, the engine's own value: `-i sin(a) Mz` on resonance.
     """
 
     model = SpinPhysics(properties={"T1": "t1_ms", "T2": "t2_ms", "M0": "m0", "B1": "b1", "B0": "b0_hz",

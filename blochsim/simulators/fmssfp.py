@@ -1,4 +1,4 @@
-"""Frequency-modulated balanced SSFP: `fmSSFPSimulator` and `fmssfp_sim` (API.md 5.1, 5.3)."""
+"""Frequency-modulated balanced SSFP: `fmSSFPSimulator` and `fmssfp_sim`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def sweep_phases(nshots: int, sweeps: int) -> list[float]:
 
 
 class fmSSFPSimulator(SampledPulses, Simulator):
-    """Frequency-modulated SSFP (Foxall 2002): a balanced train whose RF frequency sweeps (API.md 5.1).
+    """Frequency-modulated SSFP (Foxall 2002): a balanced train whose RF frequency sweeps.
 
     Protocol: `flip` (deg, a scalar or one per shot of a sweep), `TR` (ms), `nshots` (pulses per sweep),
     `sweeps=1`, `TE=None` (ms from the pulse centre; TR/2), `pulse_duration=0` (ms; 0 is
@@ -37,8 +37,8 @@ class fmSSFPSimulator(SampledPulses, Simulator):
     sweeps play from equilibrium before the recorded one, in a single playing. Balanced (nothing winds):
     one EPG order suffices.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), and every API.md 4.1 name. Returns `(..., nshots)` complex64:
-    the phase of the signal carries the off-resonance, so it is complex by construction (API.md 1.6).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), and every public tissue name. Returns `(..., nshots)` complex64:
+    the phase of the signal carries the off-resonance, so it is complex by construction.
     """
 
     model = SpinPhysics(properties={"T1": "t1_ms", "T2": "t2_ms", "M0": "m0", "B1": "b1", "B0": "b0_hz"},

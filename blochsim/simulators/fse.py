@@ -1,5 +1,5 @@
 """Fast spin echo and hyperecho trains: `FSESimulator`, `HyperechoSimulator` and their function forms
-`fse_sim`, `hyperecho_sim` (API.md 5.1, 5.3)."""
+`fse_sim`, `hyperecho_sim`."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _split_trains(protocol: dict) -> list[dict] | None:
 
 
 class FSESimulator(TrainLoop, Simulator):
-    """Fast (turbo) spin echo, a CPMG train (API.md 5.1).
+    """Fast (turbo) spin echo, a CPMG train.
 
     Protocol: `flip` (deg, one refocusing flip per echo, so ETL = `len(flip)`), `ESP` (ms), `phases=0`
     (deg, one per echo or a scalar), `exc_flip=90`, `exc_phase=90` (deg), `TR=1e6` (ms). An excitation,
@@ -54,7 +54,7 @@ class FSESimulator(TrainLoop, Simulator):
     Trains: a `(trains, ETL)` flip (or phases), or an array `TR`, gives one train per row or entry,
     stacked first: `(trains, *voxel_shape, ETL)`. Each train is its own engine run (`TrainLoop`): trains
     of one shape share a resolved structure, so repeated calls skip the layout. Tissue: T1, T2 (ms), M0,
-    B1, and every API.md 4.1 name.
+    B1, and every public tissue name.
 
     Returns `(..., ETL)` complex64: real and positive for a CPMG train (the default `exc_phase=90`); with
     ideal 180s, echo n is `M0 exp(-n ESP / T2)`. `TR` shorter than `ETL * ESP` is a ValueError.
@@ -88,7 +88,7 @@ class FSESimulator(TrainLoop, Simulator):
 
 
 class HyperechoSimulator(TrainLoop, Simulator):
-    """Hyperechoes (Hennig & Scheffler, MRM 2001;46:6): a refocusing train and its mirror image (API.md 5.1).
+    """Hyperechoes (Hennig & Scheffler, MRM 2001;46:6): a refocusing train and its mirror image.
 
     Protocol: `flip` (deg, n refocusing flips), `ESP` (ms), `phases=0` (deg), `refocusing=180` (deg, the
     central pulse), `exc_flip=90`, `exc_phase=90` (deg), `TR=1e6` (ms). An excitation, then `2n + 1`
@@ -97,7 +97,7 @@ class HyperechoSimulator(TrainLoop, Simulator):
     echo lies midway between pulses and is demodulated at phase 0; the last one is the hyperecho, which
     with a 180-degree central pulse and no relaxation recovers the full signal whatever the flips.
     Spoiled after the last echo, played twice like FSE (the second playing recorded, after `TR`).
-    Trains as for FSE. Tissue: T1, T2 (ms), M0, B1, and every API.md 4.1 name.
+    Trains as for FSE. Tissue: T1, T2 (ms), M0, B1, and every public tissue name.
 
     Returns `(..., 2n + 1)` complex64, real and positive for CPMG phases.
     """

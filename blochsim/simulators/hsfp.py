@@ -1,4 +1,4 @@
-"""Hybrid-state free precession: `HSFPSimulator` and `hsfp_sim` (API.md 5.2, 5.3)."""
+"""Hybrid-state free precession: `HSFPSimulator` and `hsfp_sim`."""
 
 from __future__ import annotations
 

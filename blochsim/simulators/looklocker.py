@@ -69,7 +69,7 @@ class MOLLISimulator(ClosedForm):
         p = {name: v.reshape(-1, *voxel, 1) if isinstance(v, torch.Tensor) and v.dim() else v
              for name, v in x.protocol.items()}
         signal = molli(p["flip"], p["TR"], counts, p["recovery"], short_TR=bool(short_TR), **x.tissue)
-        x.voxel_shape = (*next(iter(trains.values()), ()), *x.voxel_shape)  # the train axis leads (API.md 1.4)
+        x.voxel_shape = (*next(iter(trains.values()), ()), *x.voxel_shape)  # the train axis leads
         return x.finish(signal, (sum(counts),))
 
 

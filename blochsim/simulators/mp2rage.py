@@ -1,6 +1,6 @@
-"""MP2RAGE: `MP2RAGESimulator` (its closed form) and `mp2rage_sim` (API.md 5.1, 5.3).
+"""MP2RAGE: `MP2RAGESimulator` (its closed form) and `mp2rage_sim`.
 
-API.md 5.1 gives this class both a closed-form `evaluate` and an event-train `layout`. The `Simulator`
+This class has both a closed-form `evaluate` and an event-train `layout`. The `Simulator`
 base class treats a class that defines `layout` as an event train, so `simulate` and `jacobian` are the
 closed form's, and the event train (section 2 below: `layout`, `repetition_s`, `describe`) is attached
 after the class is made. `describe()` gives one TRmp2rage as a `SequenceDescription`, and
@@ -63,7 +63,7 @@ mp2rage_sim = function_form(
 )
 
 
-# == 2. The event train (API.md 5.1) ===================================================================
+# == 2. The event train ===================================================================
 def _per_block(name: str, value) -> list:
     """Two per-block values: a scalar repeats, two values (last axis) give one each."""
     if isinstance(value, torch.Tensor) and value.dim() > 0:

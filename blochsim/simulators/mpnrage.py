@@ -1,5 +1,5 @@
 """MPnRAGE: an inversion and a spoiled train sampled at every shot; `MPnRAGESimulator` and `mpnrage_sim`
-(API.md 5.1, 5.3)."""
+."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ __all__ = ["MPnRAGESimulator", "mpnrage_sim"]
 
 
 class MPnRAGESimulator(Simulator):
-    """Magnetization-prepared rapid gradient echoes, every shot sampled (Kecskemeti 2016; API.md 5.1).
+    """Magnetization-prepared rapid gradient echoes, every shot sampled (Kecskemeti 2016).
 
     Protocol: `nshots` (> 0), `flip` (deg), `TR` (ms), `TI=0` (ms, inversion to the first pulse),
     `phases=0` (deg); `flip`, `TR` and `phases` are each a scalar or one value per shot. An ideal
     inversion, `TI`, then per shot `excitation(flip, phase) @ readout(phase, TR)` with the SPOILED
     readout (sample at the pulse, ideal spoiling, free recovery for TR). One EPG order suffices
     (`states=1`), and T2 is pinned at 100 ms: it has no effect on an FID sampled at its pulse.
-    Tissue: T1 (ms), M0, B1, inv_efficiency, and every API.md 4.1 name.
+    Tissue: T1 (ms), M0, B1, inv_efficiency, and every public tissue name.
 
     Returns `(..., nshots)` complex64 (complex128 with `dtype=torch.float64`), the engine value times +i
-    (API.md 1.6): on resonance its value is real, `+sin(a) Mz` before each pulse, negative while Mz is
+   : on resonance its value is real, `+sin(a) Mz` before each pulse, negative while Mz is
     inverted. `nshots <= 0`, or a `flip` that is neither a scalar nor one per shot,
     is a ValueError.
     """

@@ -1,5 +1,5 @@
 """MPRAGE: an inversion and a spoiled train whose centre shot is acquired; `MPRAGESimulator` and
-`mprage_sim` (API.md 5.1, 5.3)."""
+`mprage_sim`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["MPRAGESimulator", "mprage_sim"]
 
 
 class MPRAGESimulator(Simulator):
-    """Magnetization-prepared rapid gradient echo (Mugler & Brookeman 1990; API.md 5.1).
+    """Magnetization-prepared rapid gradient echo (Mugler & Brookeman 1990).
 
     Protocol: `TI` (ms, from the inversion to the centre shot), `flip` (deg, a scalar or one per shot),
     `TRspgr` (ms), `nshots` (a total, split evenly around the sampled shot with the odd one after, or a
@@ -23,10 +23,10 @@ class MPRAGESimulator(Simulator):
     per shot). An ideal inversion, then `before + after` spoiled shots `TRspgr` apart (the SPOILED
     readout), the first `TI - before * TRspgr` after the inversion. Only the centre shot is acquired
     (`record="acquired"`); the others are played with role NON_ACQUIRED. `states=1`, T2 pinned at 100 ms.
-    Tissue: T1 (ms), M0, inv_efficiency, and every API.md 4.1 name.
+    Tissue: T1 (ms), M0, inv_efficiency, and every public tissue name.
 
     Returns `voxel_shape` (no sample axis) complex64 (complex128 with `dtype=torch.float64`), the engine
-    value times +i (API.md 1.6): on resonance its value is real, `+sin(a) Mz` before the centre pulse,
+    value times +i: on resonance its value is real, `+sin(a) Mz` before the centre pulse,
     negative when Mz is still inverted there. `jacobian` gives `(*voxel)` for one
     name and `(*voxel, P)` for a sequence. A `TI` earlier than the first excitation is a ValueError.
     """

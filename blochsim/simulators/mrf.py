@@ -1,4 +1,4 @@
-"""MR fingerprinting: `MRFSimulator` and its function form `mrf_sim` (API.md 5.1, 5.3)."""
+"""MR fingerprinting: `MRFSimulator` and its function form `mrf_sim`."""
 
 from __future__ import annotations
 
@@ -43,14 +43,14 @@ def _per_tr(name: str, value, count: int | None):
 
 
 class MRFSimulator(TrainLoop, Simulator):
-    """MR fingerprinting with FISP readouts (API.md 5.1).
+    """MR fingerprinting with FISP readouts.
 
     An ideal inversion and a `TI` delay, then per TR `excitation(flip, phase) @ readout(phase, TR)` with
     the UNBALANCED readout (sample, one unbalanced gradient, free evolution for TR). Protocol: `flip`
     (deg, one per TR), `TR` (ms, a scalar or one per TR), `TI=0` (ms), `phases=0` (deg, a scalar or one
-    per TR). Tissue: T1, T2 (ms), M0, B1, inv_efficiency, and every API.md 4.1 name.
+    per TR). Tissue: T1, T2 (ms), M0, B1, inv_efficiency, and every public tissue name.
 
-    Trains (API.md 1.4): `flip` of shape `(trains, N)`, `phases` of shape `(trains, 1)` or `(trains, N)`
+    Trains: `flip` of shape `(trains, N)`, `phases` of shape `(trains, 1)` or `(trains, N)`
     and `TR` of shape `(trains, 1)` or `(trains, N)` give one train per row, stacked first:
     `(trains, *voxel_shape, N)`. A scalar or 1-D value is shared by every train; the 2-D values must
     have the same number of rows, or one (shared). Flips and phases per train become event values with
@@ -60,7 +60,7 @@ class MRFSimulator(TrainLoop, Simulator):
     (events with `(trains,)` values), not a 2-D `TR`.
 
     Returns `(..., len(flip))` complex64 (complex128 with `dtype=torch.float64`), the last playing times +i
-    (API.md 1.6): on resonance its value is real, `+sin(a) Mz` before the pulse, negative after the
+   : on resonance its value is real, `+sin(a) Mz` before the pulse, negative after the
     inversion. `MRFSimulator(flip=[10, 20, 30], TR=10).simulate(T1=1000, T2=80)`
     gives `[-0.1736, -0.3301, -0.4404]`. `MRFSimulator.from_description(d)` returns the raw engine value.
     """

@@ -1,4 +1,4 @@
-"""Spoiled gradient echo in its steady state: `SPGRSimulator` and `spgr_sim` (API.md 5.2, 5.3)."""
+"""Spoiled gradient echo in its steady state: `SPGRSimulator` and `spgr_sim`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class SPGRSimulator(ClosedForm):
 
         S = M0 (1 - E1) sin a / (1 - E1 cos a) e^{-TE/T2star} e^{i 2 pi (chemshift - B0) TE},
 
-    E1 = e^{-TR/T1}, a = flip. Real and positive on resonance (API.md 1.6); `chemshift` has the opposite
+    E1 = e^{-TR/T1}, a = flip. Real and positive on resonance; `chemshift` has the opposite
     sign to `B0`. Without `T2star` there is no decay.
 
     Protocol: `flip` (deg), `TR` (ms), `TE` (ms). Tissue: `T1` (ms, required), `T2star` (ms), `M0` (may be

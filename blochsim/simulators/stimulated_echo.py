@@ -1,4 +1,4 @@
-"""The three-pulse stimulated echo: `StimulatedEchoSimulator` and `stimulatedecho_sim` (API.md 5.1, 5.3)."""
+"""The three-pulse stimulated echo: `StimulatedEchoSimulator` and `stimulatedecho_sim`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["StimulatedEchoSimulator", "stimulatedecho_sim"]
 
 def _three_flips(flip) -> list:
     """The three flips (`per_shot` over the pulses): a `(trains, 3)` or `(trains, 1)` flip gives `(trains,)`
-    event values, one program per train (API.md 1.4)."""
+    event values, one program per train."""
     try:
         return per_shot("flip", flip, 3)
     except ValueError:
@@ -23,15 +23,15 @@ def _three_flips(flip) -> list:
 
 
 class StimulatedEchoSimulator(Simulator):
-    """A spin echo and a stimulated echo from three pulses (API.md 5.1).
+    """A spin echo and a stimulated echo from three pulses.
 
     Protocol: `flip` (deg, a scalar or three), `TE` (ms), `TM` (ms, the mixing time, >= TE/2). Pulses about
     x at 0, `TE/2` and `TE/2 + TM`, the second and third crushed (the REFOCUSED preset). The spin echo is
     sampled at `TE`, the transverse magnetization is then spoiled, and the stimulated echo is sampled
-    `TE/2` after the third pulse. Tissue: T1, T2 (ms), M0, B1, B0, and every API.md 4.1 name.
+    `TE/2` after the third pulse. Tissue: T1, T2 (ms), M0, B1, B0, and every public tissue name.
 
     Returns two samples `(..., 2)`, complex64, SE then STE; a `(trains, 3)` or `(trains, 1)` flip gives
-    `(trains, *voxel_shape, 2)`, one train per row (API.md 1.4). For hard pulses `a_k = B1 flip_k`,
+    `(trains, *voxel_shape, 2)`, one train per row. For hard pulses `a_k = B1 flip_k`,
     both independent of B0 (Hahn 1950):
 
         SE  = i M0 sin(a1) sin^2(a2 / 2) exp(-TE / T2)

@@ -1,4 +1,4 @@
-"""Balanced SSFP with shaped pulses: `TrueFISPSimulator` and `truefisp_sim` (API.md 5.1, 5.3)."""
+"""Balanced SSFP with shaped pulses: `TrueFISPSimulator` and `truefisp_sim`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = ["TrueFISPSimulator", "truefisp_sim"]
 
 
 class TrueFISPSimulator(SampledPulses, Simulator):
-    """TrueFISP (Oppelt et al. 1986): a balanced train, RF phase alternating 0/180 (API.md 5.1).
+    """TrueFISP (Oppelt et al. 1986): a balanced train, RF phase alternating 0/180.
 
     Protocol: `flip` (deg, a scalar or one per shot), `TR` (ms, pulse centre to pulse centre), `nshots`,
     `TE=None` (ms from the pulse centre; TR/2), `pulse_duration=1.0` (ms; 0 is instantaneous),
@@ -27,8 +27,8 @@ class TrueFISPSimulator(SampledPulses, Simulator):
     first, then `spoiler` ms closed by a spoiler gradient, as in FLASH. Shaped pulses play definition 0
     as a rectangle one dwell long (semisolid saturation at the waveform's rate, `_waveforms`).
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, and every API.md 4.1 name. Returns
-    `(..., nshots)` complex64, the engine value demodulated by each pulse's phase (API.md 1.6).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, and every public tissue name. Returns
+    `(..., nshots)` complex64, the engine value demodulated by each pulse's phase.
     """
 
     model = SpinPhysics(properties={"T1": "t1_ms", "T2": "t2_ms", "M0": "m0", "B1": "b1", "B0": "b0_hz",

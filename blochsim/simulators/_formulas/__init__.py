@@ -1,10 +1,10 @@
-"""The physics of the closed-form simulators (API.md 5.2) as plain, differentiable torch functions.
+"""The physics of the closed-form simulators as plain, differentiable torch functions.
 
 The `Simulator` classes wrap these; the functions know nothing of names, defaults of the class, array
 libraries or devices beyond torch. Each is a torch expression without in-place updates, so autograd
 (first and second order, forward and reverse) goes straight through.
 
-Units (API.md 1.2)
+Units
 ------------------
 Times in ms (`TR`, `TE`, `TI`, `T1`, `T2`, `T2star`, `ATT`, `tau`, ...), flips and `fat_phase` and
 `phase_inc` in degrees, frequencies (`B0`, `chemshift`) in Hz, `D` and the tensor components in um^2/ms,
@@ -18,7 +18,7 @@ them, such as `bssfp`'s `TE`, `inversion_recovery`'s `TR`, `spin_echo`'s `TI` an
 `short_TR`, `fat_spectrum`, ...) are keyword-only. Every numeric argument may be a Python number, a list,
 a NumPy array or a torch tensor.
 
-Dtypes (API.md 1.5)
+Dtypes
 -------------------
 A function computes in the promoted real dtype of its floating tensor and array inputs: float64 when any is
 float64 (or complex128), else float32. Python numbers and lists are weak, as in torch: they take that
@@ -27,7 +27,7 @@ or complex128) for `spgr`, `bssfp`, `multigradientecho` and `irmultigradientecho
 complex `M0`; it is real for every other function, and a complex input there is a TypeError. The device
 is that of the first tensor argument.
 
-Shapes (API.md 1.4)
+Shapes
 -------------------
 The functions broadcast by NumPy rules and never move axes themselves. The caller puts the sample axis
 last on the protocol arrays and gives each tissue tensor a trailing singleton axis: `T1` of voxel shape
@@ -46,7 +46,7 @@ Functions whose samples are not elementwise in a protocol array say so in their 
 Validation
 ----------
 A negative or NaN time (relaxation time or protocol time) is a ValueError naming the argument, the number
-of bad entries and the first index (API.md 10). `0` and `inf` are allowed: relaxation times are clamped
+of bad entries and the first index. `0` and `inf` are allowed: relaxation times are clamped
 to >= 1e-6 ms as in the engine, and `inf` means no relaxation.
 
 References: Freeman R, Hill HDW, J Magn Reson 1971;4:366 and Hargreaves BA et al., MRM 2001;46:149

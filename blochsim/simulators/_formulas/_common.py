@@ -26,7 +26,7 @@ __all__ = [
     "rate",
 ]
 
-#: Relaxation times are clamped to >= this (ms), as in the engine (API.md 4.3): T = 0 gives a finite value.
+#: Relaxation times are clamped to >= this (ms), as in the engine: T = 0 gives a finite value.
 MIN_TIME_MS = 1e-6
 
 _TWO_PI = 2.0 * math.pi

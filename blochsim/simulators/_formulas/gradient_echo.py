@@ -1,6 +1,6 @@
 """Gradient-echo closed forms: spoiled steady state (SPGR) and water-fat multi-echo (MGRE, IR-MGRE).
 
-Phase convention (API.md 1.6): off-resonance `B0 > 0` turns the signal by `e^{-i 2 pi B0 TE}`, as the
+Phase convention: off-resonance `B0 > 0` turns the signal by `e^{-i 2 pi B0 TE}`, as the
 engine does. A chemical shift `chemshift` and the fat peaks enter with the opposite sign, `e^{+i 2 pi f
 TE}` (the incumbent's closed-form convention): a fat peak of offset `f` (Hz, negative for the aliphatic
 peaks, which resonate below water) behaves like `chemshift = f` in `spgr`, i.e. like `B0 = -f`.
@@ -24,7 +24,7 @@ def spgr(flip, TR, TE, *, T1, T2star=None, M0=1.0, B0=0.0, chemshift=0.0) -> tor
 
     S = M0 (1 - E1) sin a / (1 - E1 cos a) e^{-TE/T2star} e^{i 2 pi (chemshift - B0) TE},
     E1 = e^{-TR/T1}, a = flip. Without `T2star` there is no decay. The value is real and positive on
-    resonance (API.md 1.6). Elementwise in every argument (see the package docstring for shapes).
+    resonance. Elementwise in every argument (see the package docstring for shapes).
     """
     v = as_tensors(
         dict(flip=flip, TR=TR, TE=TE, T1=T1, T2star=T2star, M0=M0, B0=B0, chemshift=chemshift), complex_ok=("M0",)

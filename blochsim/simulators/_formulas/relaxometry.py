@@ -39,7 +39,7 @@ def spin_echo(TE, TR, TI=None, *, T1, T2, M0=1.0, inv_efficiency=1.0) -> torch.T
 
     S = M0 (1 - 2 e^{-(TR - TE/2)/T1} + e^{-TR/T1}) e^{-TE/T2}: the 180 at TE/2 inverts the Mz that has
     recovered since the 90, and the readout at TE saturates (TR >= TE/2). With TI the result is further
-    multiplied by the inversion factor (1 - (1 + eff) e^{-TI/T1}), as API.md 5.2 specifies. Elementwise.
+    multiplied by the inversion factor (1 - (1 + eff) e^{-TI/T1}). Elementwise.
     """
     v = as_tensors(dict(TE=TE, TR=TR, TI=TI, T1=T1, T2=T2, M0=M0, inv_efficiency=inv_efficiency))
     check_times(TE=v["TE"], TR=v["TR"], TI=v["TI"], T1=v["T1"], T2=v["T2"])

@@ -19,8 +19,8 @@ def bssfp(flip, TR, TE=None, *, T1, T2, M0=1.0, B0=0.0, chemshift=0.0, phase_inc
 
         psi = 2 pi (B0 - chemshift) TR + phase_inc        (rad; TR in s)
 
-    (off-resonance as in API.md 1.6, plus the frame step to the next pulse's phase), so phase cycling is
-    a shift of the off-resonance profile. Solving the fixed point of "rotate by flip about x, then relax
+    (off-resonance in the package's phase convention, plus the frame step to the next pulse's phase), so phase
+    cycling is a shift of the off-resonance profile. Solving the fixed point of "rotate by flip about x, then relax
     and precess for TR" (Freeman-Hill 1971; Hargreaves 2001) gives, right after the pulse,
 
         F+ = -i (1 - E1) sin a (1 - E2 e^{i psi}) / D,
@@ -29,7 +29,7 @@ def bssfp(flip, TR, TE=None, *, T1, T2, M0=1.0, B0=0.0, chemshift=0.0, phase_inc
     E1 = e^{-TR/T1}, E2 = e^{-TR/T2}. The echo at TE adds e^{-TE/T2} and the phase e^{i 2 pi (chemshift -
     B0) TE}. [fix] The steady state uses E2 of TR and only the echo uses TE (the EPG/Bloch limit). The
     engine records F+ at TE for this train; this function returns minus that, M0 (-F+) e^{-TE/T2} ...,
-    so that the value on resonance with phase_inc = 180 is +i |M| (API.md 1.6): 0.1332i at T1/T2 =
+    so that the value on resonance with phase_inc = 180 is +i |M|: 0.1332i at T1/T2 =
     1000/100 ms, flip 60, TR 10, TE 5. `TE` defaults to TR/2. Elementwise in every argument.
     """
     v = as_tensors(
