@@ -7,7 +7,7 @@ Tolerances, relative to the largest sample of the oracle (DESIGN.md, "The oracle
   phases and B1phase), is not accumulation but the phases themselves: 117-degree increments reach ~130 rad
   in 12 TRs, which float32 holds to ~4e-6 rad (see test_long_quadratic_phase_train_float32).
 - float64: 1e-12. The same argument with round-off 1.1e-16 gives ~1e-14 (seen: up to 2.5e-15); the
-  oracle's own matrix exponentials are accurate to rounding (see blochsim._reference.epg._expm).
+  oracle's own matrix exponentials are accurate to rounding (see blochsim._reference.interval._expm).
 The engine and the oracle truncate at the same number of EPG orders (conftest.STATES), so truncation
 does not enter the comparison.
 """
