@@ -76,7 +76,7 @@ def interval_rows(dt_s: torch.Tensor, dt_wrap_s: torch.Tensor, interval_events, 
     """
     E = dt_s.numel()
     candidates = torch.cat([dt_s, dt_wrap_s.to(dt_s.device)])
-    device = candidates.device  # the host, or the device the values were mapped on (model._protocol_vector)
+    device = candidates.device  # the host, or the device the values were mapped on (model.placement._protocol_vector)
     if candidates.requires_grad:
         rows = torch.arange(E + 1, dtype=torch.int32, device=device)
         return candidates, rows[:E].contiguous(), E

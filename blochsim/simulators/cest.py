@@ -133,7 +133,7 @@ class CESTSimulator(TrainLoop, SampledPulses, Simulator):
             # semisolid lineshape reads (frequencies are structure: one shared structure is walked every call).
             return [{"offsets": float(v)} for v in values.tolist()]
         # Detached 0-d tensors: every offset shares one structure, whose values (the phases) are resolved
-        # once as an affine map of the offset (model.py, "Structure resolution"): later offsets cost no layout.
+        # once as an affine map of the offset (blochsim.model, "Structure resolution"): later offsets cost no layout.
         return [{"offsets": v} for v in values.unbind()]
 
     def evaluate(self, properties, **sequence):

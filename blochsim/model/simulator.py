@@ -1,14 +1,5 @@
-"""`Simulator`, `SpinPhysics`, `EventOperators` and the presets.
-
-A `Simulator` subclass implements `layout()` (an event train, simulated by the EPG engine) or
-`evaluate()` (a closed form). Its public edge takes protocol in ms and degrees and tissue by the public
-public tissue names (PUBLIC_FIELDS); `layout()` converts units when it calls operators.
-
-Calls that change only values are cheap: the structure of a layout is keyed by its structural arguments
-(Python numbers, strings, the shapes of arrays) and the run settings. The first call of a key walks the
-layout and compiles it; the second resolves the program's values as an affine map of the protocol
-tensors (`blochsim.engine.bind.AffineValues`), checked against the first call's values; later calls
-evaluate that map and call the kernels directly (docs/design.md, "Structure resolution").
+"""The `Simulator` base class: argument routing, the structure cache and affine value resolution, engine
+dispatch and Jacobians (the package docstring says how calls are resolved).
 """
 
 from __future__ import annotations
@@ -16,193 +7,58 @@ from __future__ import annotations
 import contextvars
 import copy
 import dataclasses
-import functools
 import inspect
-import math
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from . import _native as nat
-from ._arrays import (
+from .. import _native as nat
+from .._arrays import (
     as_number,
-    differentiated,
     first_library,
     library_of,
     reverse_jvps,
     to_library,
     to_tensor,
-    transformed,
 )
-from ._errors import check_device, missing_property, nearest, unknown_name
-from ._execution import active, applied, as_policy
-from .engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
-from .engine.bind import needs_complex as _needs_complex
-from .engine.program import TrainAxisError, check_shims, check_states
-from .engine.steady import simulate_steady
-from .engine.vmap import loop_under_vmap
-from .sequence.description import SequenceDescription
-from .sequence.events import EventType, RfUse
-from .sequence.operators import (
-    Delay,
-    Excitation,
-    FSEReadout,
-    Inversion,
-    Readout,
-    Refocusing,
-    Saturation,
-    SPGRReadout,
-    SSFPFidReadout,
-    bSSFPReadout,
+from .._errors import check_device, missing_property, nearest, unknown_name
+from .._execution import active, applied, as_policy
+from ..engine.bind import AffineValues, compile_fast, pack_fields, run, values_of, windings
+from ..engine.bind import needs_complex as _needs_complex
+from ..engine.program import TrainAxisError, check_shims
+from ..engine.steady import simulate_steady
+from ..engine.vmap import loop_under_vmap
+from ..sequence.description import SequenceDescription
+from ..sequence.operators import (
     compose,
 )
-from .sequence.rf import RfDefinition, ideal_rf_definition
-from .sequence.tissue import TissueProperties
+from .arguments import _check_protocol, _check_setting, _float_kind, _hashable, _short
+from .placement import (
+    _on_device,
+    _protocol_vector,
+    _unchanged,
+    _versions,
+    on_host,
+)
+from .reemit import _reemit
+from .vocabulary import (
+    _CACHE_SIZE,
+    _CONSTRUCTOR_ONLY,
+    CLASS,
+    DTYPES,
+    PUBLIC_FIELDS,
+    RUN_SETTINGS,
+    SLOTS,
+    UNITS,
+    EventOperators,
+    SpinPhysics,
+)
 
-__all__ = ["Simulator", "SpinPhysics", "EventOperators", "BALANCED", "UNBALANCED", "SPOILED", "REFOCUSED",
-           "PUBLIC_FIELDS", "RUN_SETTINGS"]
+__all__ = ["Simulator"]
 
-#: Public property name -> `TissueProperties` field.
-PUBLIC_FIELDS = {
-    "T1": "t1_ms",
-    "T2": "t2_ms",
-    "M0": "m0",
-    "B1": "b1",
-    "B1phase": "b1_phase_rad",
-    "B0": "b0_hz",
-    "inv_efficiency": "inversion_efficiency",
-    "T2prime": "t2_prime_ms",
-    "D": "diffusion_um2_per_ms",
-    "v": "velocity_m_per_s",
-    "bound_fraction": "bound_fraction",
-    "bound_exchange": "bound_exchange_hz",
-    "bound_T1": "t1_bound_ms",
-    "bound_T2": "t2_bound_ms",
-}
-for _p in "BCDE":
-    _x = _p.lower()
-    PUBLIC_FIELDS.update({f"pool{_p}_fraction": f"pool_{_x}_fraction", f"pool{_p}_exchange": f"pool_{_x}_exchange_hz",
-                          f"pool{_p}_T1": f"t1_pool_{_x}_ms", f"pool{_p}_T2": f"t2_pool_{_x}_ms",
-                          f"pool{_p}_shift": f"pool_{_x}_shift_hz"})
-del _p, _x
-
-_UNITS = {"ms": ("T1", "T2", "T2prime", "bound_T1", "T2star", "fat_T1", "fat_T2star", "T1_blood", "ATT", "TR",
-                 "TE", "TI", "ESP", "TM", "TRspgr", "TRmp2rage"),
-          "Hz": ("B0", "bound_exchange", "chemshift"), "deg": ("flip", "phases", "exc_flip", "exc_phase"),
-          "rad": ("B1phase",), "um^2/ms": ("D",), "m/s": ("v",)}
-UNITS = {name: unit for unit, names in _UNITS.items() for name in names}
-
-#: Run settings, accepted under these names by the constructor, `bind` and every call.
-#: `dtype` is the event trains' precision (`DTYPES`).
-RUN_SETTINGS = ("states", "repetitions", "record", "device", "execution", "pulse", "shims", "across_slice", "dtype")
-#: The `dtype` run setting: what an event train computes in and returns. Default (not given): float32 kernels,
-#: complex64 results.
-DTYPES = {torch.float32: torch.float32, torch.complex64: torch.float32,
-          torch.float64: torch.float64, torch.complex128: torch.float64}
-_CONSTRUCTOR_ONLY = ("model", "resolve", "crusher_dephasing_rad", "voxel_size_m")
-SLOTS = ("excitation", "refocusing", "inversion", "saturation", "preparation", "other", "readout", "delay")
-RECORD_MODES = ("all", "acquired", "echo")
-_CACHE_SIZE = 32
-
-
-class _ClassDefault:
-    """The `<class>` default of a constructor argument: the class attribute applies."""
-
-    def __repr__(self) -> str:
-        return "<class>"
-
-
-CLASS = _ClassDefault()
-
-
-# -- handler slots and the physics model ------------------------------------------------------------
-@dataclass(frozen=True)
-class EventOperators:
-    """The handler of each event kind: any callable returning an `Operator`."""
-
-    excitation: Any = Excitation
-    refocusing: Any = Refocusing
-    inversion: Any = Inversion
-    saturation: Any = Saturation
-    preparation: Any = Excitation
-    other: Any = Excitation
-    readout: Any = Readout
-    delay: Any = Delay
-
-
-BALANCED = EventOperators(readout=bSSFPReadout, refocusing=functools.partial(Refocusing, crushed=False))
-UNBALANCED = EventOperators(readout=SSFPFidReadout)
-SPOILED = EventOperators(readout=SPGRReadout)
-REFOCUSED = EventOperators(readout=FSEReadout)
-
-_TISSUE_FIELDS = tuple(f.name for f in dataclasses.fields(TissueProperties))
-
-
-@dataclass(frozen=True, eq=False)
-class SpinPhysics:
-    """Declared properties, event handlers, pinned tissue values and RF definitions (frozen).
-
-    `properties` maps `{public name: TissueProperties field | None}`; None means the value reaches
-    `evaluate` but not the tissue. `fixed` pins tissue fields (`{"t2_ms": 100.0}`); a value the caller
-    gives for the same property takes precedence. `definitions` maps RF definition ids to
-    `RfDefinition`s; id 0 is the one every shipped operator plays.
-    """
-
-    properties: Mapping = field(default_factory=dict)
-    operators: EventOperators = field(default_factory=EventOperators)
-    fixed: Mapping = field(default_factory=dict)
-    definitions: Mapping = field(default_factory=lambda: {0: ideal_rf_definition()})
-
-    def __post_init__(self) -> None:
-        for name in ("properties", "fixed", "definitions"):
-            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
-        if not isinstance(self.operators, EventOperators):
-            raise TypeError(f"operators must be an EventOperators, got {self.operators!r}")
-        self.fields  # noqa: B018 - validates the name map
-        for key in self.fixed:
-            if key not in _TISSUE_FIELDS:
-                raise ValueError(f"fixed pins {key!r}, which is not a TissueProperties field"
-                                 f"{nearest(key, _TISSUE_FIELDS)}")
-
-    @property
-    def fields(self) -> dict:
-        """`{public name: tissue field}` of the declared properties that reach the tissue (validated)."""
-        out = {}
-        for name, target in self.properties.items():
-            if target is None:
-                continue
-            if target not in _TISSUE_FIELDS:
-                raise ValueError(f"property {name!r} points at {target!r}, which is not a TissueProperties "
-                                 f"field{nearest(target, _TISSUE_FIELDS)}")
-            out[name] = target
-        return out
-
-    def field_of(self, name: str) -> str | None:
-        """The tissue field of public property `name`: the declared one, else PUBLIC_FIELDS's."""
-        if name in self.properties:
-            return self.properties[name]
-        return PUBLIC_FIELDS.get(name)
-
-    def tissue(self, values: Mapping) -> TissueProperties:
-        """A `TissueProperties` from `{public name: value}` over the pinned `fixed` fields."""
-        fields = dict(self.fixed)
-        for name, value in values.items():
-            target = self.field_of(name)
-            if target is not None:
-                fields[target] = value
-        for required, public in (("t1_ms", "T1"), ("t2_ms", "T2")):
-            if required not in fields:
-                raise TypeError(f"the tissue needs {public!r} ({required})")
-        return TissueProperties(**fields)
-
-
-# -- structure cache --------------------------------------------------------------------------------
 class _Entry:
     """One structure: its program, and the values as an affine map of the protocol once resolved."""
 
@@ -961,216 +817,4 @@ class Simulator:
         self._absorb(settings, ".from_description()")
         return self
 
-
-# -- helpers ----------------------------------------------------------------------------------------
-def on_host(args: dict) -> dict:
-    """A protocol with its tensors on the CPU, for `layout()` and the compiler, which build their event
-    tables on the host: a protocol tensor on a GPU is copied over once per walk, and autograd carries its
-    gradient back to it. The kernels then run where the tissue is."""
-    if all(not isinstance(v, torch.Tensor) or v.is_cpu for v in args.values()):
-        return args
-    return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in args.items()}
-
-
-def _protocol_vector(leaves: list, device) -> torch.Tensor:
-    """The protocol tensors flattened into one float64 vector `p`, whose affine map gives a resolved call's
-    values. On the CPU when every tensor is there; otherwise on `device`, where the work runs, so that a
-    protocol already on the GPU with the tissue is mapped there, with no copy and no wait for the card."""
-    if not leaves:
-        return torch.zeros(0, dtype=torch.float64)
-    if not all(x.is_cpu for x in leaves):
-        device = device if device is not None else next(x.device for x in leaves if not x.is_cpu)
-        leaves = [x.to(device) for x in leaves]
-    return leaves[0].reshape(-1) if len(leaves) == 1 else torch.cat([x.reshape(-1) for x in leaves])
-
-
-def _on_device(value, device: torch.device) -> torch.Tensor:
-    """A tissue value on `device` (off the CPU). A number, or a 0-d CPU tensor carrying no derivative, is
-    copied there once and the copy reused while it is unmodified: the engine keeps its tissue packing and
-    pool tables for device tensors by identity and version (a device value cannot be read without waiting
-    for the card), so a fresh copy of each pool property on every call rebuilt them every call (~4 ms a
-    call for pooled tissue on an H200, where the CPU matched its 0-d tensors by value)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0 or not value.is_cpu or not value.is_floating_point() or differentiated(value):
-            return value.to(device)
-        number, dtype = value.item(), value.dtype
-    else:
-        number, dtype = float(value), torch.get_default_dtype()  # the dtype torch.tensor(float) gives
-    if transformed():  # a batched or dual value under a transform: nothing is shared
-        return value.to(device) if isinstance(value, torch.Tensor) else torch.tensor(number, device=device)
-    key = (number.hex(), dtype, device)  # hex: -0.0 and 0.0, and each NaN payload, stay apart
-    kept = _DEVICE_SCALARS.get(key)
-    if kept is not None and kept[0]._version == kept[1] and not kept[0].requires_grad:
-        return kept[0]
-    moved = value.to(device) if isinstance(value, torch.Tensor) else torch.tensor(number, dtype=dtype, device=device)
-    if len(_DEVICE_SCALARS) >= _DEVICE_SCALARS_MAX:  # a sweep over many values: start over, nothing grows
-        _DEVICE_SCALARS.clear()
-    _DEVICE_SCALARS[key] = (moved, moved._version)
-    return moved
-
-
-#: Numbers copied to a device by `_on_device`: (hex value, dtype, device) -> (tensor, its version when made).
-_DEVICE_SCALARS: dict = {}
-_DEVICE_SCALARS_MAX = 256
-
-
-def _versions(leaves: list) -> tuple:
-    """(weak reference, version counter) of each protocol tensor."""
-    return tuple((weakref.ref(x), x._version) for x in leaves)
-
-
-def _unchanged(seen: tuple, leaves: list) -> bool:
-    """Whether `leaves` are the very tensors of `seen`, none changed in place since."""
-    return len(seen) == len(leaves) and all(
-        ref() is x and x._version == version for (ref, version), x in zip(seen, leaves, strict=True))
-
-
-_SLOT_OF_USE = {RfUse.REFOCUSING: "refocusing", RfUse.INVERSION: "inversion", RfUse.SATURATION: "saturation",
-                RfUse.PREPARATION: "preparation", RfUse.OTHER: "other"}
-
-
-def _accepted(handler) -> set | None:
-    """The keyword names `handler` accepts, or None when it takes **kwargs."""
-    try:
-        params = inspect.signature(handler).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
-
-
-def _reemit(description: SequenceDescription, operators: EventOperators) -> SequenceDescription:
-    parts = []
-    for event in description.events:
-        at_s = event.timestamp_us * 1e-6
-        if event.type == EventType.RF:
-            handler = getattr(operators, _SLOT_OF_USE.get(event.rf_use, "excitation"))
-            offered = {"flip_rad": event.rf_amplitude_hz, "phase_rad": event.rf_phase_rad,
-                       "definition_id": event.rf_definition_id, "frequency_hz": event.rf_frequency_hz,
-                       "offset_hz": event.rf_frequency_hz, "shim_id": event.rf_shim_id}
-        elif event.type == EventType.ADC:
-            handler = operators.readout
-            offered = {"phase_rad": event.adc_phase_rad, "role": event.adc_role, "is_echo": event.is_echo}
-        else:
-            continue
-        accepted = _accepted(handler)
-        kwargs = {k: v for k, v in offered.items() if accepted is None or k in accepted}
-        if event.type == EventType.RF and event.rf_use == RfUse.INVERSION and accepted is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        parts.append((at_s, handler(**kwargs)))
-    events, end_s = compose(*parts)
-    tr_us = description.tr_duration_us
-    if float(end_s * 1e6 if not isinstance(end_s, torch.Tensor) else end_s.detach() * 1e6) > float(
-            tr_us.detach() if isinstance(tr_us, torch.Tensor) else tr_us):
-        tr_us = end_s * 1e6
-    return SequenceDescription(description.subsequence_index, tr_us, events, dict(description.rf_definitions),
-                               dict(description.shim_definitions), description.crusher_dephasing_rad,
-                               description.voxel_size_m, description.rf_raster_time_s)
-
-
-#: Protocol times between pulses, which must be > 0: at 0 every pulse of the train plays at once.
-POSITIVE_TIMES = ("TR", "TRspgr", "TRmp2rage", "ESP")
-
-
-def _check_protocol(protocol: dict, structural, *, finite: bool, host_only: bool = False) -> None:
-    """ValueError for a protocol value that is NaN (or infinite, when `finite`: an event train's flips and times
-    become events), or a time of `POSITIVE_TIMES` <= 0, naming the argument as the caller gave it (with its
-    unit) and the first bad index. `host_only` leaves tensors off the CPU to the walk of the layout (a check
-    there would wait for the device). Numbers are checked in Python, a tensor with two ops and one read."""
-    for name, value in protocol.items():
-        if name in structural or isinstance(value, (bool, str)) or value is None:
-            continue
-        positive = name in POSITIVE_TIMES
-        if isinstance(value, torch.Tensor):
-            if (host_only and not value.is_cpu) or not (value.is_floating_point() or value.is_complex()):
-                continue
-            t = value.detach()
-            if t.is_complex():
-                positive = False
-            if positive:
-                ok = (t > 0) & (t < math.inf)  # False at NaN
-            else:
-                ok = torch.isfinite(t) if finite else ~torch.isnan(t)
-            if bool(ok.all()):
-                continue
-            bad = ~ok
-        elif isinstance(value, (int, float)):
-            x = float(value)
-            if (x > 0 and x < math.inf) if positive else (math.isfinite(x) if finite else not math.isnan(x)):
-                continue
-            t, bad = torch.tensor(x, dtype=torch.float64), torch.tensor(True)
-        else:
-            continue
-        unit = UNITS.get(name)
-        if positive:
-            accepted = f"a finite time > 0 {unit} (at 0 every pulse plays at once)"
-        else:
-            accepted = f"a finite number{f' ({unit})' if unit else ''}" if finite else "a number, not NaN"
-        index = tuple(int(i) for i in bad.nonzero()[0]) if t.dim() else ()
-        first = t.reshape(-1)[bad.reshape(-1)][0].item()
-        raise ValueError(f"{name} must be {accepted}; {int(bad.sum())} of {t.numel()} value(s) are bad, the first "
-                         f"at index {index}: {first}")
-
-
-def _check_setting(name: str, value):
-    if name == "states":
-        value = check_states(value)
-    elif name == "repetitions":
-        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {value!r}")
-    elif name == "record":
-        if value not in RECORD_MODES:
-            raise ValueError(f"record must be one of {RECORD_MODES}, got {value!r}")
-    elif name == "dtype":
-        if not isinstance(value, torch.dtype) or value not in DTYPES:
-            raise ValueError(f"dtype must be torch.float32 or torch.complex64 (float32 kernels, complex64 results: "
-                             f"the default) or torch.float64 or torch.complex128 (float64 kernels, complex128 "
-                             f"results), got {value!r}")
-    elif name == "device":
-        check_device(value)
-    elif name == "execution":
-        value = as_policy(value)
-    elif name == "pulse":
-        if not isinstance(value, RfDefinition):
-            raise TypeError(f"pulse must be an RfDefinition (it replaces definition id 0), got {value!r}")
-    elif name == "shims":
-        if not isinstance(value, Mapping):
-            raise TypeError(f"shims must be a mapping {{id: ShimDefinition}}, got {value!r}")
-    return value
-
-
-def _float_kind(value):
-    """True for a real float (number or array), else a description of what it is."""
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, (int, float)):
-        return True
-    if isinstance(value, complex):
-        return "complex"
-    lib = library_of(value)
-    if lib == "torch":
-        return True if value.is_floating_point() else f"a tensor of {value.dtype}"
-    if lib in ("numpy", "cupy"):
-        return True if value.dtype.kind == "f" else f"an array of {value.dtype}"
-    if isinstance(value, (list, tuple)):
-        return True
-    return f"a {type(value).__name__}"
-
-
-def _hashable(value):
-    """A hashable stand-in for a structural protocol value (lists and arrays by their contents)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    if library_of(value) is not None:
-        return ("array", tuple(value.shape), tuple(value.reshape(-1).tolist()))
-    hash(value)
-    return value
-
-
-def _short(value) -> str:
-    if library_of(value) is not None:
-        return f"<{library_of(value)} {tuple(value.shape)}>"
-    text = repr(value)
-    return text if len(text) < 40 else text[:37] + "..."
 
