@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import platform
 import statistics
@@ -43,27 +42,21 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-#: (case, tissues): the incumbent's best median on the 2-core machine class, ms per call (issue 20 item 12).
-INCUMBENT_MS = {
-    ("epg_real", 10000): 300.0,
-    ("epg_real_jac", 10000): 1452.0,
-    ("epg_real_grad", 10000): 1236.0,
-    ("epg_complex", 10000): 2219.0,
-    ("epg_complex_jac", 2000): 3275.0,
-    ("pooled", 2000): 400.0,
-    ("pooled5", 500): 412.0,
-}
+from blochsim._benchmark_cases import CPU_INCUMBENT_MS
+
+#: (case, tissues): the incumbent's best median on the 2-core machine class, ms per call (issue 20 item 12);
+#: the cases are defined in the package (blochsim._benchmark_cases), shared with `blochsim bench`.
+INCUMBENT_MS = CPU_INCUMBENT_MS
 CASES = [*INCUMBENT_MS, ("loss", 10000)]
 #: Issue 20 item 12's bound on the real cases: at most this fraction of the incumbent's time.
 TARGET = 0.5
 
 
 def case_fn(name: str, n: int):
-    """One call of a case, as a function of nothing (kernel_cases.case_fn, plus the Jacobians and the loss)."""
-    import kernel_cases as kc
+    """One call of a case, as a function of nothing (blochsim._benchmark_cases.case_fn, plus torch's loss)."""
     import torch
 
-    from blochsim import engine
+    from blochsim._benchmark_cases import case_fn as package_case
 
     if name == "loss":
         x = torch.randn(n, 500, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
@@ -72,13 +65,7 @@ def case_fn(name: str, n: int):
             y = x.clone().requires_grad_()
             return torch.autograd.grad((y.abs() ** 2).sum(), y)[0]
         return loss
-    if name.endswith("_jac"):
-        quadratic = name.startswith("epg_complex")
-        phases = [math.radians(117) * k * (k + 1) / 2 for k in range(500)] if quadratic else 0
-        train = kc.mrf_description(torch.deg2rad(kc.flips_deg(500)), 0.010, phases_rad=phases)
-        tissue = kc.tissue(n, "cpu", "")
-        return lambda: engine.jacobian(train, tissue, ("t1_ms", "t2_ms"), states=kc.STATES)
-    return kc.case_fn(name, n, "cpu")
+    return package_case(name, n, "cpu")
 
 
 def worker(threads: int) -> None:

@@ -15,9 +15,7 @@ table against the incumbent.
 from __future__ import annotations
 
 import argparse
-import math
 import platform
-import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,105 +23,23 @@ from pathlib import Path
 import torch
 from _records import write_record
 
-from blochsim import engine
-from blochsim.sequence import TissueProperties, mrf_description
-
-STATES = 32
-POOL_B = dict(pool_b_fraction=0.15, pool_b_exchange_hz=10.0, t1_pool_b_ms=500.0, t2_pool_b_ms=20.0)
-SEMISOLID = dict(bound_fraction=0.1, bound_exchange_hz=4.3, t1_bound_ms=1000.0)
-POOL_C = dict(pool_c_fraction=0.05, pool_c_exchange_hz=20.0, t1_pool_c_ms=800.0, t2_pool_c_ms=40.0,
-              pool_c_shift_hz=50.0)
-POOL_D = dict(pool_d_fraction=0.03, pool_d_exchange_hz=30.0, t1_pool_d_ms=900.0, t2_pool_d_ms=60.0,
-              pool_d_shift_hz=-80.0)
-POOLS = {"": {}, "pooled": {**POOL_B, **SEMISOLID}, "pooledb": POOL_B,
-         "pooled5": {**POOL_B, **POOL_C, **POOL_D, **SEMISOLID}}
-
-#: The incumbent blochsim 0.0.14 (CUDA 13 build) on the same H200, median ms per call (issue 6).
-INCUMBENT_MS = {
-    ("epg_real", 2000): 3.04, ("epg_real", 100000): 8.79, ("epg_real", 1000000): 56.1,
-    ("epg_complex", 2000): 4.74, ("epg_complex", 100000): 14.5,
-    ("epg_real_grad", 2000): 23.3, ("epg_real_grad", 100000): 899.0, ("epg_complex_grad", 20000): 563.0,
-    ("epg_real_hvp", 2000): 121.0, ("epg_real_hvp", 20000): 967.0, ("epg_complex_hvp", 5000): 989.0,
-    ("pooled", 2000): 4.37, ("pooled", 50000): 7.67, ("pooled_grad", 20000): 225.0, ("pooled_hvp", 5000): 1600.0,
-    ("pooledb_hvp", 20000): 1603.0, ("pooled5", 500): 10.1, ("pooled5", 5000): 13.1, ("pooled5_grad", 2000): 47.0,
-}
-
-
-def flips_deg(n: int) -> torch.Tensor:
-    return torch.cat([torch.linspace(5, 60, n // 2), torch.linspace(60, 2, n - n // 2)])
-
-
-def relaxation_maps(n: int, device) -> tuple:
-    """(T1, T2) in ms of n tissues: T1 log-uniform 200-3000, T2 log-uniform 10-300 capped at 0.9 T1 (seed 0)."""
-    g = torch.Generator().manual_seed(0)
-    t1 = torch.exp(torch.empty(n).uniform_(math.log(200), math.log(3000), generator=g))
-    t2 = torch.minimum(torch.exp(torch.empty(n).uniform_(math.log(10), math.log(300), generator=g)), 0.9 * t1)
-    return t1.to(device), t2.to(device)
-
-
-def tissue(n: int, device, pools: str) -> TissueProperties:
-    t1, t2 = relaxation_maps(n, device)
-    return TissueProperties(t1_ms=t1, t2_ms=t2, **POOLS[pools])
-
-
-def case_train(name: str) -> tuple:
-    """(quadratic RF phases?, repetitions, pool family, derivative kind) of a case name."""
-    family, _, kind = name.partition("_")
-    if family == "epg":
-        return kind.startswith("complex"), 500, "", kind.partition("_")[2]
-    return False, 100, family, kind
-
-
-def case_fn(name: str, n: int, device):
-    quadratic, reps, pools, kind = case_train(name)
-    tis = tissue(n, device, pools)
-    phases = [math.radians(117) * k * (k + 1) / 2 for k in range(reps)] if quadratic else 0
-    base = torch.deg2rad(flips_deg(reps))
-
-    def describe(flips):
-        return mrf_description(flips, 0.010, phases_rad=phases)
-
-    if kind == "":
-        train = describe(base)
-        return lambda: engine.simulate(train, tis, states=STATES)
-    if kind == "grad":
-        def grad():
-            flips = base.clone().requires_grad_()
-            signal = engine.simulate(describe(flips), tis, states=STATES)
-            return torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0]
-        return grad
-    if kind == "hvp":
-        def hvp():
-            flips = base.clone().requires_grad_()
-            _, J = engine.jacobian(describe(flips), tis, ("t1_ms", "t2_ms"), states=STATES)
-            return torch.autograd.grad((J.abs() ** 2).sum(), flips)[0]
-        return hvp
-    raise ValueError(name)
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def measure(fn, device, repeats: int):
-    sync(device)
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    first = time.perf_counter() - t0
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() if torch.device(device).type == "cuda" else None
-    return first, statistics.median(times), peak
+# The cases themselves (train, tissues, the incumbent's times, the timing loop) live in the package, shared
+# with `blochsim bench`; they are re-exported here for api_cases.py and cpu_mrf_cases.py.
+from blochsim._benchmark_cases import (  # noqa: F401
+    DEFAULT_CASES,
+    INCUMBENT_MS,
+    POOLS,
+    STATES,
+    case_fn,
+    case_train,
+    flips_deg,
+    measure,
+    relaxation_maps,
+    select_cases,
+    sync,
+    tissue,
+)
+from blochsim.sequence import mrf_description  # noqa: F401  (cpu_mrf_cases.py reads it from here)
 
 
 def fp32_floor_ms(n: int, device) -> tuple[float, float]:
@@ -145,23 +61,6 @@ def fp32_floor_ms(n: int, device) -> tuple[float, float]:
     sync(device)
     rate = 5 * 2 * 8192**3 / (time.perf_counter() - t0)
     return 1e3 * flop / rate, rate / 1e12
-
-
-DEFAULT_CASES = [(name, n) for (name, n) in INCUMBENT_MS]
-
-
-def select_cases(known: list, names: list | None, counts: list | None, quick: bool) -> list:
-    """(case, tissues) pairs to run: `known` filtered by `names`, or every named case at `counts`; with
-    `quick`, only each case's smallest size."""
-    cases = [c for c in known if not names or c[0] in names]
-    if counts:
-        cases = [(name, n) for name in (names or sorted({name for name, _ in known})) for n in counts]
-    if quick:
-        smallest = {}
-        for name, n in cases:
-            smallest[name] = min(n, smallest.get(name, n))
-        cases = sorted(smallest.items())
-    return cases
 
 
 def main() -> None:
