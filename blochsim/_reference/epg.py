@@ -270,6 +270,14 @@ def play(
     Raises ValueError for bad arguments, NaN or negative relaxation times, and fractions < 0
     or summing to more than 1.
     """
+    _check_settings(states, repetitions, record, lineshape)
+    pools, values = _pools(tissue)
+    steps = _prepare(description, tissue, pools, values, states, lineshape)
+    state, samples, walk = _repeat(description.events, steps, pools, values, states, repetitions, record)
+    return _result(tissue, pools, values, state, samples, walk)
+
+
+def _check_settings(states, repetitions, record, lineshape) -> None:
     if isinstance(states, bool) or not isinstance(states, int) or states < 1:
         raise ValueError(f"states must be an int >= 1 (configuration orders per pool), got {states!r}")
     if isinstance(repetitions, bool) or not isinstance(repetitions, int) or repetitions < 1:
@@ -279,7 +287,20 @@ def play(
     if lineshape not in LINESHAPES:
         raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
 
-    pools, values = _pools(tissue)
+
+@dataclass(frozen=True)
+class _Steps:
+    """What each event of a playing does, prepared once: its time, the interval before it in the first and
+    in later repetitions (None: no time passes), and its pulse."""
+
+    times_s: list  # float64 tensors, s from the repetition's start
+    playing_s: torch.Tensor  # the repetition's length, s
+    first: list  # _Interval | None per event, first repetition
+    later: list  # per event, later repetitions: event 0's interval is the wrap
+    pulses: dict  # event index -> its pulse, for RF events
+
+
+def _prepare(description, tissue, pools, values, states: int, lineshape: str) -> _Steps:
     crusher = float(description.crusher_dephasing_rad) != 0.0 and description.voxel_size_m is not None
     moving = isinstance(tissue.velocity_m_per_s, torch.Tensor) or float(tissue.velocity_m_per_s) != 0.0
     geometry = {
@@ -311,23 +332,28 @@ def play(
     pulses = {
         i: _pulse(e, description, pools, values, lineshape) for i, e in enumerate(events) if e.type == EventType.RF
     }
+    playing_s = _f64(description.tr_duration_us) * 1e-6
+    return _Steps(times_s, playing_s, intervals, later_intervals, pulses)
 
+
+def _repeat(events, steps: _Steps, pools, values, states: int, repetitions: int, record: str) -> tuple:
+    """Play the events `repetitions` times from equilibrium: (final state, samples of the last repetition,
+    the unrefocused walk)."""
     state = _equilibrium(pools, states)
     samples = []
     walk = _Unrefocused()
-    playing_s = _f64(description.tr_duration_us) * 1e-6
     for repetition in range(repetitions):
         last = repetition == repetitions - 1
         for i, event in enumerate(events):
-            step = later_intervals[i] if repetition > 0 else intervals[i]
+            step = steps.later[i] if repetition > 0 else steps.first[i]
             if step is not None:
                 state = step.apply(state)
-            t_s = repetition * playing_s + times_s[i]
+            t_s = repetition * steps.playing_s + steps.times_s[i]
             if event.action & EventAction.CRUSH_BEFORE:
                 state = _shift(state)
                 walk.shift()
             if event.type == EventType.RF:
-                state = pulses[i].apply(state, pools.water)
+                state = steps.pulses[i].apply(state, pools.water)
                 if event.rf_use != RfUse.INVERSION:
                     walk.pulse(t_s)
             elif event.type == EventType.ADC and last and _kept(event, record):
@@ -342,7 +368,11 @@ def play(
             elif event.action & EventAction.SHIFT_AFTER:
                 state = _shift(state)
                 walk.shift()
+    return state, samples, walk
 
+
+def _result(tissue, pools, values, state, samples: list, walk: _Unrefocused) -> ReferenceResult:
+    """The samples (T2' applied) and the final states, the semisolid pool's transverse states zero."""
     if samples and _t2_prime_acts(tissue.t2_prime_ms, values["t2_prime_ms"]):
         t2_prime_ms = torch.clamp(values["t2_prime_ms"], min=MIN_RELAXATION_MS)
         taus = walk.times_s()

@@ -1,0 +1,158 @@
+"""Engine dispatch of a `Simulator`: tissue to engine fields, placement, the run under the execution policy,
+and the jacobian() request a run answers.
+
+`EngineDispatch` is a mixin of `Simulator`: it reads the instance's `_model`, `_field_map`, `_names` and
+`_stored`, and calls its `_program` (`StructureCache`) and `_compiled`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from .._errors import check_device, missing_property
+from .._execution import active, applied, as_policy
+from ..engine.bind import needs_complex as _needs_complex
+from ..engine.bind import pack_fields, run, values_of
+from ..engine.program import TrainAxisError
+from ..engine.steady import simulate_steady
+from .placement import _on_device
+from .vocabulary import DTYPES, PUBLIC_FIELDS
+
+__all__ = ["EngineDispatch"]
+
+_JACOBIAN: contextvars.ContextVar = contextvars.ContextVar("blochsim_jacobian", default=None)
+
+
+class _JacobianRequest:
+    """A running `jacobian()`: the fields to differentiate, and the engine's (signal, J) once computed."""
+
+    def __init__(self, owner, fields):
+        self.owner, self.fields, self.result, self.column = owner, fields, None, None
+
+    def output(self):
+        signal, jac = self.result
+        if self.column is None:
+            return signal
+        return fwAD.make_dual(signal, jac[..., self.column, :])
+
+
+class EngineDispatch:
+    """`Simulator._engine` and its helpers: run the kernels on a call's tissue and program."""
+
+    def _setting(self, settings: dict, name: str):
+        if name in settings:
+            return settings[name]
+        return getattr(type(self), name, None) if name in ("states", "repetitions", "record", "execution",
+                                                           "across_slice") else None
+
+    def _tissue_fields(self, properties: Mapping) -> dict:
+        fields = dict(self._model.fixed)
+        field_map = self._field_map
+        for name, value in properties.items():
+            target = field_map.get(name, PUBLIC_FIELDS.get(name))
+            if target is not None:
+                fields[target] = value
+        for required, public in (("t1_ms", "T1"), ("t2_ms", "T2")):
+            if required not in fields:
+                raise missing_property(public, type(self).__name__, "ms")
+        return fields
+
+    def _check_run(self, settings: dict) -> None:
+        check_device(settings.get("device"))
+        policy = as_policy(self._setting(settings, "execution"))
+        if policy is not None and policy.target not in ("auto", "cpu"):
+            check_device(policy.target[0])
+        shims = settings.get("shims")
+        if shims and any(int(k) != 0 for k in shims):
+            raise NotImplementedError(f"shims={sorted(shims)}: static parallel-transmit shims (ids > 0) are not "
+                                      "built into the engine yet; simulate without shims")
+        if self._setting(settings, "across_slice") is not None:
+            raise NotImplementedError(f"across_slice={self._setting(settings, 'across_slice')!r}: slice-profile "
+                                      "integration is not built into the engine yet; leave across_slice=None")
+
+    def _placement(self, settings: dict, fields: dict) -> tuple:
+        """(device the tissue is packed on, device the results return to).
+
+        The tissue tensors' device, unless `device=` says otherwise; results return to the tissue tensors'
+        device (to `device=` if there are none). An execution policy moves no tissue here: the kernel layer
+        runs each chunk where the policy says, staging its inputs there and its results back.
+        """
+        home = None
+        for value in fields.values():  # any tensor off the CPU decides; scalars became CPU tensors
+            if isinstance(value, torch.Tensor) and (home is None or value.device.type != "cpu"):
+                home = value.device
+        target = settings.get("device")
+        device = torch.device(target) if target is not None else (home or torch.device("cpu"))
+        return device, home or device
+
+    def _engine(self, properties: Mapping, protocol: dict, settings: dict):
+        """Run the engine under the call's execution policy (its `execution=` setting, else the active one)."""
+        with applied(as_policy(self._setting(settings, "execution"))):
+            return self._run_engine(properties, protocol, settings)
+
+    def _run_engine(self, properties: Mapping, protocol: dict, settings: dict):
+        """Run the engine: the signal, or under a jacobian() request, the request's output."""
+        request = _JACOBIAN.get()
+        if request is not None and request.owner is not self:
+            request = None
+        if request is not None and request.result is not None:
+            return request.output()
+        if settings:
+            self._check_run(settings)
+        repetitions = self._setting(settings, "repetitions")
+        states = self._setting(settings, "states")
+        record = self._setting(settings, "record")
+        jacobian = request.fields if request is not None else ()
+        fields = self._tissue_fields(properties)
+        device, home = self._placement(settings, fields)
+        if device.type != "cpu":
+            fields = {k: _on_device(v, device) for k, v in fields.items()}
+        auto = repetitions == "auto"
+        host_kernels = active().device_for(device).type == "cpu"  # where the execution policy runs them
+        double = DTYPES.get(settings.get("dtype")) == torch.float64
+        if double and not host_kernels:
+            raise ValueError(f"dtype={settings['dtype']} runs the float64 kernels, which only the host build has "
+                             f"(the CUDA kernels take float32); run on the CPU (device='cpu') or leave dtype unset")
+        # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 only, and there
+        # it plays the train until the transient has died out (engine.steady).
+        dtype = torch.float64 if double or (auto and host_kernels) else torch.float32
+        packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
+        complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
+        try:
+            program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
+                                                               complex_states, dtype, device)
+        except TrainAxisError as trains:
+            signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, complex_states,
+                                           packed, fields, jacobian, dtype, double)
+        else:
+            if auto:
+                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, dtype=dtype,
+                                              keep_double=double)
+            else:
+                signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
+        if home != device:  # results return to the tissue tensors' device
+            signal, jac = signal.to(home), None if jac is None else jac.to(home)
+        if request is None:
+            return signal
+        request.result = (signal, jac)
+        return request.output()
+
+    def _run_trains(self, parts, protocol, states, repetitions, record, complex_states, packed, fields, jacobian,
+                    dtype, double=False):
+        """(signal, J) of a layout whose event values carry a train axis: one program per train of
+        `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
+        is walked and each train compiled on every call."""
+        args = None if self._stored is not None else protocol
+        runs = []
+        for part in parts:
+            program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
+            if repetitions == "auto":
+                runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
+                                            dtype=dtype, keep_double=double))
+            else:
+                runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
+        return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])
