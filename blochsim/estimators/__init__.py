@@ -1,0 +1,18 @@
+"""Estimators: tissue maps from measured signals.
+
+`DictionaryMatcher` (matching against simulated atoms), `LookupTable` (one unknown read from a 1-D curve),
+`PERK` (kernel ridge regression on random Fourier features; Nataraj 2018) and `NonlinearLeastSquares`
+(voxel-parallel Levenberg-Marquardt with the simulator's forward-mode Jacobian), all built on `Estimator`.
+"""
+
+import importlib.util
+
+from .base import Estimator, MatchResult
+
+__all__ = ["Estimator", "MatchResult"]
+
+# PERK lives in its own module, written separately; the package imports without it.
+if importlib.util.find_spec(f"{__name__}.perk") is not None:
+    from .perk import PERK  # noqa: F401
+
+    __all__.append("PERK")
