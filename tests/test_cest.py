@@ -23,10 +23,10 @@ import torch
 from conftest import rel_max_err
 
 from blochsim._reference import play
-from blochsim._reference.lineshape import absorption_lineshape
+from blochsim.physics.constants import GAMMA_BAR_HZ_PER_T
+from blochsim.physics.lineshape import absorption_lineshape
 from blochsim.sequence import TissueProperties
 from blochsim.simulators.cest import CESTSimulator, cest_sim
-from blochsim.simulators.fat_spectra import GAMMA_BAR_HZ_PER_T
 
 F64 = torch.float64
 PPM_HZ = 1e-6 * GAMMA_BAR_HZ_PER_T * 3.0  # 1 ppm at 3 T, 127.7 Hz
@@ -34,8 +34,6 @@ PPM_HZ = 1e-6 * GAMMA_BAR_HZ_PER_T * 3.0  # 1 ppm at 3 T, 127.7 Hz
 pytestmark = [
     # Forward mode through the oracle scripts torch's decompositions: a deprecation warning of torch's.
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
-    # scipy's quadrature of the super-Lorentzian slope at the 1 kHz cutoff (the oracle's lineshape table).
-    pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning"),
 ]
 
 #: Creatine-like phantom (public names, and the pool list of `bloch_mcconnell`).

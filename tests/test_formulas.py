@@ -22,8 +22,8 @@ import torch
 from conftest import f64, rel_max_err
 
 import blochsim.simulators._formulas as F
+from blochsim.physics.fat_spectra import FAT_SPECTRA
 from blochsim.simulators.diffusion_tensor import TENSOR
-from blochsim.simulators.fat_spectra import FAT_SPECTRA
 
 F64 = torch.float64
 DEG = math.pi / 180.0

@@ -19,7 +19,7 @@ from conftest import rel_max_err
 from torch.autograd import forward_ad
 
 from blochsim._reference import play, simulate_reference
-from blochsim._reference.lineshape import SUPER_LORENTZIAN_CUTOFF_HZ
+from blochsim.physics.lineshape import SUPER_LORENTZIAN_CUTOFF_HZ
 from blochsim.sequence import AdcRole, EventAction, RfUse, SequenceDescription, SequenceEvent, TissueProperties
 
 try:

@@ -97,7 +97,7 @@ tr_duration_us - (last timestamp) + (first timestamp). Each event does, in order
         [ -(i/2)e^{-iφ}sin α_eff, (i/2)e^{iφ}sin α_eff, cos α_eff          ]]
    acting on (F+, F-, Z). Then the semisolid Z(k), every order, *=
    exp(S·α_eff²·G(f_rf - B0)), S = definition.saturation(rf_raster_time_s=...),
-   f_rf the event frequency, G the lineshape (lineshape.py) at T2b = t2_bound_ms.
+   f_rf the event frequency, G the lineshape (`blochsim.physics.lineshape`) at T2b = t2_bound_ms.
 4. ADC, on the last repetition only, if kept by `record` ("all": every ADC;
    "acquired": not role NON_ACQUIRED; "echo": is_echo):
    sample = M0 · Σ_water-like pools F+(0) · exp(-iψ), ψ the ADC phase,
@@ -146,10 +146,10 @@ from typing import Any
 import torch
 
 from .._arrays import differentiated
+from ..physics.lineshape import LINESHAPES
 from ..sequence.events import AdcRole, EventAction, EventType, RfUse
 from ..sequence.tissue import TissueProperties
 from .interval import _Interval, _interval, _Span, _spans
-from .lineshape import LINESHAPES
 from .pulse import _pulse, _sample
 from .state import _equilibrium, _shift, _spoil
 from .tissue import (
@@ -261,7 +261,7 @@ def play(
     description: a `SequenceDescription`; tissue: `TissueProperties` whose fields are numbers or
     float tensors broadcasting to voxel_shape (cast to float64); states: K >= 1 configuration orders
     per pool; repetitions >= 1, samples come from the last one; record: "all", "acquired" or "echo";
-    lineshape: the semisolid absorption lineshape (see lineshape.py).
+    lineshape: the semisolid absorption lineshape (see `blochsim.physics.lineshape`).
 
     The oracle runs on the CPU: tissue and event tensors must be CPU tensors.
 

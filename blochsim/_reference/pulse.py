@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..physics.lineshape import absorption_lineshape
 from ..sequence.events import RfUse
-from .lineshape import absorption_lineshape
 from .state import _State
 from .tissue import (
     COMPLEX,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .._arrays import LastResult, broadcast_shapes
-from .._reference.lineshape import LINESHAPES, absorption_lineshape
+from ..physics.lineshape import LINESHAPES, absorption_lineshape
 from ..sequence.tissue import POOL_LETTERS
 
 __all__ = ["PoolModel", "pool_model", "pool_tables", "interval_rows", "LINESHAPES"]

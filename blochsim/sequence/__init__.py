@@ -78,6 +78,7 @@ __all__ = [
     "SimulationResult",
     "PackedDescription",
     "pack_description",
+    "simulate_subspace",
     # placement (9)
     "execution",
     "offload",
@@ -87,9 +88,14 @@ _ENGINE_NAMES = ("EpgEngine", "SimulationResult", "PackedDescription", "pack_des
 
 
 def __getattr__(name: str):
-    # The engine names load on first use: the engine itself imports this package's modules.
+    # The engine names live in blochsim.engine, a layer above this one (it imports these modules); the
+    # public API names them here too, so they load on first use.
     if name in _ENGINE_NAMES:
-        from . import engine_api
+        from ..engine import epg_engine
 
-        return getattr(engine_api, name)
+        return getattr(epg_engine, name)
+    if name == "simulate_subspace":  # a Subspace of a simulated dictionary (blochsim.subspace, above this layer)
+        from ..subspace import simulate_subspace
+
+        return simulate_subspace
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,14 +25,11 @@ import math
 import numpy as np
 import torch
 
+from ..physics.constants import GAMMA_RAD_PER_S_PER_T
 from ..sequence.rf import RfDefinition, RfShape
-from .fat_spectra import GAMMA_BAR_HZ_PER_T
 
-__all__ = ["GAMMA_RAD_PER_S_PER_T", "HS_PEAK_T", "HS_BETA_PER_S", "HS_MU", "sample_count", "sinc_pulse",
+__all__ = ["HS_PEAK_T", "HS_BETA_PER_S", "HS_MU", "sample_count", "sinc_pulse",
            "hyperbolic_secant", "sampled_definition"]
-
-#: Proton gyromagnetic ratio, rad/s/T.
-GAMMA_RAD_PER_S_PER_T = 2.0 * math.pi * GAMMA_BAR_HZ_PER_T
 
 #: The adiabatic inversion (Bernstein et al. 2004): peak B1 (T), beta (1/s), mu (dimensionless).
 HS_PEAK_T = 14e-6

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 
 from ..model import PUBLIC_FIELDS, Simulator, SpinPhysics
+from ..physics.constants import GAMMA_BAR_HZ_PER_T, GAMMA_RAD_PER_S_PER_T
 from ..sequence.operators import SampledPulse, Spoil
 from ._closed_form import ClosedForm
 from ._formulas import lorentzian
 from ._function_form import function_form
 from ._layout import count, number, seconds
 from ._trains import SampledPulses, TrainLoop
-from ._waveforms import GAMMA_RAD_PER_S_PER_T, sample_count
-from .fat_spectra import GAMMA_BAR_HZ_PER_T
+from ._waveforms import sample_count
 
 __all__ = ["LorentzianSimulator", "lorentzian_sim"]
 

@@ -1,15 +1,15 @@
 """Water-fat multi-echo gradient echo: `MultiGradientEchoSimulator`, `IRMultiGradientEchoSimulator`.
 
-`FAT_SPECTRA` (public) holds the published multi-peak fat models by name; see `fat_spectra`.
+`FAT_SPECTRA` (public) holds the published multi-peak fat models by name; see `blochsim.physics.fat_spectra`.
 """
 
 from __future__ import annotations
 
 from ..model import SpinPhysics
+from ..physics.fat_spectra import FAT_SPECTRA
 from ._closed_form import ClosedForm
 from ._formulas import irmultigradientecho, multigradientecho
 from ._function_form import function_form
-from .fat_spectra import FAT_SPECTRA
 
 __all__ = ["FAT_SPECTRA", "MultiGradientEchoSimulator", "IRMultiGradientEchoSimulator", "multigradientecho_sim",
            "irmultigradientecho_sim"]

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from ..fat_spectra import FAT_SPECTRA, GAMMA_BAR_HZ_PER_T, FatSpectrum
+from ...physics.constants import GAMMA_BAR_HZ_PER_T
+from ...physics.fat_spectra import FAT_SPECTRA, FatSpectrum
 from ._common import as_tensors, check_times, ms_to_s, phase_factor, rate
 
 __all__ = ["irmultigradientecho", "multigradientecho", "spgr"]

@@ -3,7 +3,7 @@
 `FAT_SPECTRA[name]` is a `FatSpectrum(ppm, amplitude, reference)`. The shifts are relative to the water
 peak, taken at 4.70 ppm: negative means a lower resonance frequency than water, which is where all the
 aliphatic fat peaks lie (the olefinic peak at 5.3 ppm is the one above water). A peak's frequency offset
-in Hz is `ppm * 1e-6 * GAMMA_BAR_HZ_PER_T * field_strength`, e.g. -3.40 ppm at 3 T is -434.3 Hz. The
+in Hz is `ppm * 1e-6 * constants.GAMMA_BAR_HZ_PER_T * field_strength`, e.g. -3.40 ppm at 3 T is -434.3 Hz. The
 amplitudes are the published relative areas; they sum to 1 within the rounding of the publication
 (`multigradientecho` normalises them to sum to exactly 1, so that `fat_fraction` is the fat share of the
 signal at TE = 0).
@@ -32,10 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["FAT_SPECTRA", "FatSpectrum", "GAMMA_BAR_HZ_PER_T", "WATER_PPM"]
-
-#: Proton gyromagnetic ratio / 2 pi (CODATA 2018, 42.577478518 MHz/T), rounded as in the project spec.
-GAMMA_BAR_HZ_PER_T = 42.577478e6
+__all__ = ["FAT_SPECTRA", "FatSpectrum", "WATER_PPM"]
 
 #: The water resonance the tables are referenced to (ppm, tetramethylsilane scale).
 WATER_PPM = 4.70

@@ -1,4 +1,7 @@
-"""The engine at the description layer: `EpgEngine`, `SimulationResult`, `pack_description`.
+"""The engine on descriptions: `EpgEngine`, `SimulationResult`, `pack_description`.
+
+The public API names them in `blochsim.sequence`, which re-exports them lazily (the description layer
+imports no engine).
 
 `EpgEngine().simulate(description, tissue)` plays a `SequenceDescription` on a `TissueProperties` and
 returns the raw engine samples (no post-rotation) with one label per sample.
@@ -17,14 +20,14 @@ import torch
 
 from .._arrays import to_tensor
 from .._errors import check_device
-from ..engine.bind import compile_fast, pack_fields, run, unroll, values_of
-from ..engine.bind import needs_complex as _needs_complex
-from ..engine.program import check_shims, check_states, default_states, shifts_per_repetition, split_trains
-from ..engine.steady import simulate_steady
-from ..engine.vmap import loop_under_vmap
-from .columns import vector
-from .description import SequenceDescription
-from .tissue import TissueProperties
+from ..sequence.columns import vector
+from ..sequence.description import SequenceDescription
+from ..sequence.tissue import TissueProperties
+from .bind import compile_fast, pack_fields, run, unroll, values_of
+from .bind import needs_complex as _needs_complex
+from .program import check_shims, check_states, default_states, shifts_per_repetition, split_trains
+from .steady import simulate_steady
+from .vmap import loop_under_vmap
 
 __all__ = ["EpgEngine", "SimulationResult", "PackedDescription", "pack_description", "TissueProperties"]
 
