@@ -1,10 +1,12 @@
 """blochsim: a differentiable MRI signal simulator for PyTorch (extended phase graphs)."""
 
-from . import model, sequence, simulators
+from . import model, optim, sequence, simulators
 from ._errors import CudaBuildMismatch
 from ._execution import execution, offload
 from ._version import __version__
+from .hvp import hvp
 from .model import Simulator
+from .recon import ModelOperator
 from .sequence import (
     Delay,
     Dephase,
@@ -53,13 +55,18 @@ from .simulators import (
     stimulatedecho_sim,
     truefisp_sim,
 )
+from .subspace import Subspace
 
 __all__ = [
     "__version__",
     "sequence",
     "simulators",
     "model",
+    "optim",
     "Simulator",
+    "Subspace",
+    "ModelOperator",
+    "hvp",
     "CudaBuildMismatch",
     "execution",
     "offload",
