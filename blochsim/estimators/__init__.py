@@ -8,8 +8,9 @@
 import importlib.util
 
 from .base import Estimator, MatchResult
+from .dictionary import DictionaryMatcher
 
-__all__ = ["Estimator", "MatchResult"]
+__all__ = ["Estimator", "MatchResult", "DictionaryMatcher"]
 
 # PERK lives in its own module, written separately; the package imports without it.
 if importlib.util.find_spec(f"{__name__}.perk") is not None:

@@ -398,6 +398,8 @@ class Estimator(torch.nn.Module):
         """The hook's `{name: (V,)}` or `(V, P)` as maps of `voxel_shape` in `library`, on `device`."""
         if isinstance(result, Mapping):
             out = {n: v.reshape(voxel_shape).to(device) for n, v in result.items()}
+        elif result.dim() == 1:  # one value per voxel (atom indices, say)
+            return to_library(result.reshape(voxel_shape).to(device), library)
         elif self._named and self._unknown and result.shape[-1] == len(self._unknown):
             out = {n: result[:, i].reshape(voxel_shape).to(device) for i, n in enumerate(self._unknown)}
         else:
