@@ -23,7 +23,7 @@ from . import engine
 from .sequence import TissueProperties, mrf_description
 
 __all__ = ["STATES", "POOLS", "INCUMBENT_MS", "CPU_INCUMBENT_MS", "DEFAULT_CASES", "flips_deg", "relaxation_maps",
-           "tissue", "case_train", "case_fn", "sync", "measure", "select_cases"]
+           "tissue", "case_train", "is_case", "case_fn", "sync", "measure", "select_cases"]
 
 #: EPG orders of every case.
 STATES = 32
@@ -89,17 +89,25 @@ def case_train(name: str) -> tuple:
     return False, 100, family, kind
 
 
+def is_case(name: str) -> bool:
+    """Whether `name` is a case: epg_real, epg_complex, pooled, pooledb or pooled5, optionally followed by
+    _grad, _jac or _hvp."""
+    family, _, rest = name.partition("_")
+    if family == "epg":
+        path, _, kind = rest.partition("_")
+        return path in ("real", "complex") and kind in ("", "grad", "jac", "hvp")
+    return family in POOLS and family != "" and rest in ("", "grad", "jac", "hvp")
+
+
 def case_fn(name: str, n: int, device):
     """One call of the case `name` at n tissues on `device`, as a function of nothing.
 
-    Raises ValueError for a name that is not a case (an `epg_real`/`epg_complex`/`pooled*` family with an
-    optional `_grad`, `_jac` or `_hvp`).
+    Raises ValueError for a name that is not a case (`is_case`).
     """
-    quadratic, reps, pools, kind = case_train(name)
-    if pools not in POOLS or kind not in ("", "grad", "jac", "hvp") or (
-            name.startswith("epg_") and name.split("_")[1] not in ("real", "complex")):
+    if not is_case(name):
         raise ValueError(f"unknown benchmark case {name!r}: a case is epg_real, epg_complex, pooled, pooledb or "
                          f"pooled5, optionally followed by _grad, _jac or _hvp")
+    quadratic, reps, pools, kind = case_train(name)
     tis = tissue(n, device, pools)
     phases = [math.radians(117) * k * (k + 1) / 2 for k in range(reps)] if quadratic else 0
     base = torch.deg2rad(flips_deg(reps))

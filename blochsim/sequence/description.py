@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .columns import COLUMNS_KEY
-from .events import EventType, SequenceEvent, as_float, check_nonnegative
+from .events import SequenceEvent, as_float, check_nonnegative
 from .operators import compose
 from .rf import ideal_rf_definition
 
@@ -156,35 +156,9 @@ class SequenceDescription:
         """Draw RF stems (flip in degrees) and ADC markers against time in ms; returns the axis.
 
         `upto_s` (s) limits the plot to events up to that time. An RF event with one
-        value per train is drawn with its first train's flip. Needs matplotlib.
+        value per train is drawn with its first train's flip. Needs matplotlib
+        (`blochsim.plot.sequence`).
         """
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise ImportError("SequenceDescription.plot needs matplotlib: pip install matplotlib") from None
-        if axis is None:
-            axis = plt.figure().add_subplot()
-        rf_ms, flips_deg, adc_ms = [], [], []
-        for event in self.events:
-            t_ms = as_float(event.timestamp_us) * 1e-3
-            if upto_s is not None and t_ms > upto_s * 1e3:
-                break
-            if event.type == EventType.RF:
-                definition = self.rf_definitions[event.rf_definition_id]
-                flip, _ = definition.flip_angle(_first(event.rf_amplitude_hz), rf_raster_time_s=self.rf_raster_time_s)
-                rf_ms.append(t_ms)
-                flips_deg.append(math.degrees(flip))
-            elif event.type == EventType.ADC:
-                adc_ms.append(t_ms)
-        if rf_ms:
-            axis.stem(rf_ms, flips_deg, label="RF")
-        if adc_ms:
-            axis.plot(adc_ms, [0.0] * len(adc_ms), "rv", label="ADC")
-        axis.set_xlabel("time (ms)")
-        axis.set_ylabel("flip (deg)")
-        return axis
+        from ..plot import sequence
 
-
-def _first(value: Any) -> float:
-    """A float from a number or the first entry of a (per-train) tensor."""
-    return float(value.detach().reshape(-1)[0]) if hasattr(value, "detach") else float(value)
+        return sequence(self, axis, upto_s=upto_s)

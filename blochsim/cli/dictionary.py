@@ -1,0 +1,357 @@
+"""`blochsim dictionary`: a simulator's signals over a grid or a random set of tissues, in chunks, resumable.
+
+The work is cut into chunks of tissues. Each finished chunk is written to `OUT.parts/chunk-NNNNNN.npy`
+(to a temporary file first, then moved into place in one step) and only then listed in
+`OUT.parts/manifest.json` (rewritten the same way), so whenever a run is killed the manifest lists only
+complete chunks. A run that finds the folder resumes: it checks that the manifest was written for the same
+request (simulator, protocol, tissues, settings, chunk size, blochsim version), skips the chunks it lists, and
+computes the rest. Every chunk is computed from its own tissues alone, so a resumed dictionary equals an
+uninterrupted one exactly. At the end the chunks are assembled into OUT (.npz or .h5, written atomically too)
+and the folder is removed.
+
+OUT holds `signals` (atoms, samples), `parameters` (atoms, P) float64, `names` (P,) and `metadata` (JSON: the
+request). A protocol that makes several trains gives atoms of the trains' samples one after the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from .._progress import progress_bar
+from .._version import __version__
+from ._common import (
+    as_numpy,
+    check_output,
+    parse_value,
+    progress_option,
+    reports_errors,
+    split_values,
+    to_json,
+    write_atomically,
+)
+from .simulate import gather_request, request_options
+
+__all__ = ["dictionary", "tissue_set", "MANIFEST", "FORMAT"]
+
+MANIFEST = "manifest.json"
+#: The manifest's format tag: a folder of another format is not resumed.
+FORMAT = "blochsim dictionary parts 1"
+
+
+# -- the tissue set --------------------------------------------------------------------------------------------
+def _grid_values(name: str, spec: Any) -> np.ndarray:
+    """The values of one grid axis: a number, a list or array, or a flag-syntax string."""
+    values = parse_value(spec, name) if isinstance(spec, str) else spec
+    values = np.asarray(values, dtype=float).reshape(-1)
+    if values.size == 0:
+        raise ValueError(f"grid {name}: no values")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"grid {name}: values must be finite, got {values[~np.isfinite(values)][0]}")
+    return values
+
+
+def _random_range(name: str, spec: Any) -> tuple[float, float, bool]:
+    """(low, high, log-uniform?) of `LOW:HIGH[:log]` or `[low, high]` / `[low, high, "log"]`."""
+    parts = spec.split(":") if isinstance(spec, str) else list(np.asarray(spec, dtype=object).reshape(-1))
+    log = len(parts) == 3 and str(parts[2]) == "log"
+    try:
+        if len(parts) not in (2, 3) or (len(parts) == 3 and not log):
+            raise ValueError
+        low, high = float(parts[0]), float(parts[1])
+    except (TypeError, ValueError):
+        raise ValueError(f"range {name}: expected LOW:HIGH or LOW:HIGH:log, got {spec!r}") from None
+    if not (np.isfinite(low) and np.isfinite(high) and low < high):
+        raise ValueError(f"range {name}: need finite LOW < HIGH, got {low:g}:{high:g}")
+    if log and low <= 0:
+        raise ValueError(f"range {name}: a log range needs LOW > 0, got {low:g}")
+    return low, high, log
+
+
+def tissue_set(grid: dict, ranges: dict, count: int | None, seed: int) -> tuple[list, np.ndarray, dict]:
+    """(names, parameters (atoms, P) float64, description) of a grid or a random set.
+
+    A grid is the Cartesian product of its axes, the first name varying slowest. A random set draws `count`
+    tissues, each property uniform (or log-uniform) in its range, from NumPy's PCG64 seeded by `seed`.
+    Raises ValueError for neither or both, or a random set without a count.
+    """
+    if grid and (ranges or count is not None):
+        raise ValueError("give either a grid (--grid) or a random set (--random N with --range), not both")
+    if grid:
+        axes = [_grid_values(name, spec) for name, spec in grid.items()]
+        mesh = np.meshgrid(*axes, indexing="ij")
+        parameters = np.stack([m.reshape(-1) for m in mesh], axis=-1)
+        return list(grid), parameters, {"grid": {n: a for n, a in zip(grid, axes, strict=True)}}
+    if ranges:
+        if count is None:
+            raise ValueError("a random set needs its size: --random N")
+        bounds = {name: _random_range(name, spec) for name, spec in ranges.items()}
+        rng = np.random.default_rng(seed)
+        columns = []
+        for low, high, log in bounds.values():
+            draw = rng.uniform(np.log(low), np.log(high), count) if log else rng.uniform(low, high, count)
+            columns.append(np.exp(draw) if log else draw)
+        return list(ranges), np.stack(columns, axis=-1), {
+            "random": {"count": count, "seed": seed, "ranges": {n: list(b) for n, b in bounds.items()}}}
+    raise ValueError("say which tissues: a grid (--grid T1=200:3000:40:log ...) or a random set "
+                     "(--random 10000 --range T1=200:3000:log ...)")
+
+
+# -- chunks on disk --------------------------------------------------------------------------------------------
+def _chunk_path(parts: Path, index: int) -> Path:
+    return parts / f"chunk-{index:06d}.npy"
+
+
+def _read_manifest(parts: Path) -> dict | None:
+    try:
+        return json.loads((parts / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # no manifest yet (killed before the first one was written): nothing to resume
+
+
+def _write_manifest(parts: Path, manifest: dict) -> None:
+    text = json.dumps(manifest, indent=1)
+    write_atomically(parts / MANIFEST, lambda tmp: tmp.write_text(text))
+
+
+def _chunk_ok(path: Path, rows: int, samples: int, dtype: str) -> bool:
+    """Whether a listed chunk file is there, whole, with the shape and dtype the manifest says."""
+    try:
+        block = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return False
+    return block.shape == (rows, samples) and str(block.dtype) == dtype
+
+
+def _differences(old: dict, new: dict) -> list:
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def _atoms(signal: Any, n: int) -> np.ndarray:
+    """A chunk's signals as (n, samples): a closed form's (n,) as one sample, trains' (T, n, S) as (n, T*S)."""
+    values = as_numpy(signal)
+    if values.ndim == 1 and values.shape[0] == n:
+        return values[:, None]
+    if values.ndim == 2 and values.shape[0] == n:
+        return values
+    if values.ndim == 3 and values.shape[1] == n:
+        return np.moveaxis(values, 0, 1).reshape(n, -1)
+    raise ValueError(f"the simulator returned shape {values.shape} for {n} tissues: a dictionary needs "
+                     f"(tissues, samples), (tissues,) or (trains, tissues, samples)")
+
+
+# -- the output ------------------------------------------------------------------------------------------------
+def _write_npz(tmp: Path, small: dict, chunks: list, shape: tuple, dtype: np.dtype) -> None:
+    """An .npz of `small` arrays plus `signals`, streamed from the chunk files (never whole in memory)."""
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, value in small.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(value), allow_pickle=False)
+        with archive.open("signals.npy", "w", force_zip64=True) as f:
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+            np.lib.format.write_array_header_1_0(f, header)
+            for path in chunks:
+                f.write(np.ascontiguousarray(np.load(path, allow_pickle=False)).tobytes())
+
+
+def _write_h5(tmp: Path, small: dict, chunks: list, shape: tuple, dtype: np.dtype) -> None:
+    import h5py
+
+    with h5py.File(tmp, "w") as f:
+        for key, value in small.items():
+            if key == "metadata":
+                f.attrs["metadata"] = str(value)
+            elif key == "names":
+                f.create_dataset(key, data=np.asarray(value, dtype=object), dtype=h5py.string_dtype())
+            else:
+                f.create_dataset(key, data=value)
+        signals = f.create_dataset("signals", shape=shape, dtype=dtype)
+        start = 0
+        for path in chunks:
+            block = np.load(path, allow_pickle=False)
+            signals[start:start + block.shape[0]] = block
+            start += block.shape[0]
+
+
+@click.command(epilog="""\b
+Examples:
+  blochsim dictionary mrf -p flip=5:60:500 -p TR=10 -p TI=20 --states 32 \\
+      --grid T1=200:3000:60:log --grid T2=10:300:40:log -o mrf_dictionary.npz
+  blochsim dictionary mrf -c mrf.toml --random 100000 --range T1=200:3000:log --range T2=10:300:log \\
+      --range B1=0.7:1.3 --seed 1 --chunk-size 8192 -o mrf_random.h5 --plot dictionary.png
+\b
+Stopped part-way (Ctrl-C, a killed job)? Run the same command again: it resumes at the first chunk not done.
+A config file may hold [grid] (NAME = "START:STOP:COUNT[:log]" or a list), [random] (count, seed, and
+NAME = "LOW:HIGH[:log]") and [dictionary] (chunk_size), beside simulator, [protocol], [tissue], [settings].
+""")
+@request_options
+@click.option("--grid", "grid_flags", multiple=True, metavar="NAME=VALUES",
+              help="A grid axis: START:STOP:COUNT[:log], a list 800,1000,1200, or @values.npy. Repeatable; the "
+                   "dictionary is every combination.")
+@click.option("--random", "count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A random set of N tissues (with --range).")
+@click.option("--range", "range_flags", multiple=True, metavar="NAME=LOW:HIGH[:log]",
+              help="A property's range in the random set (log: log-uniform). Repeatable.")
+@click.option("--seed", type=int, default=None, help="Seed of the random set (default 0).")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
+              help="Tissues per chunk (default 4096): the unit of work saved to disk and resumed.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The dictionary file: .npz or .h5 (HDF5, needs h5py).")
+@click.option("--restart", is_flag=True, help="Discard the chunks of an earlier run (OUT.parts) and start over.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--keep-chunks", is_flag=True, help="Keep OUT.parts after assembling OUT.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a figure of the dictionary (PNG, ...).")
+@progress_option
+@reports_errors
+def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetitions, device, grid_flags, count,
+               range_flags, seed, chunk_size, output, restart, overwrite, keep_chunks, plot_path, progress) -> None:
+    """Simulate SIMULATOR over a grid or a random set of tissues into a dictionary file, chunk by chunk.
+
+    Fixed tissue properties (-t) must be single values; the varying ones come from --grid or --range.
+    """
+    out = check_output(output, allowed=(".npz", ".h5", ".hdf5"))
+    request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
+                             sections=("grid", "random", "dictionary"))
+    file = request["config"]
+    grid = {**file.get("grid", {}), **_pairs(grid_flags, "--grid")}
+    random_file = dict(file.get("random", {}))
+    count = count if count is not None else random_file.pop("count", None)
+    seed = seed if seed is not None else int(random_file.pop("seed", 0))
+    random_file.pop("count", None)
+    random_file.pop("seed", None)
+    ranges = {**random_file, **_pairs(range_flags, "--range")}
+    chunk_size = chunk_size or int(file.get("dictionary", {}).get("chunk_size", 4096))
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    names, parameters, described = tissue_set(grid, ranges, count, seed)
+
+    sim = request["class"]()
+    fixed = request["tissue"]
+    split_values(sim, request["protocol"], {**fixed, **{n: 0.0 for n in names}})
+    for name, value in fixed.items():
+        if np.ndim(value) != 0:
+            raise ValueError(f"-t {name}: a dictionary's fixed tissue properties are single values, got shape "
+                             f"{np.shape(value)}; give a varying property with --grid or --range")
+    both = [n for n in names if n in fixed]
+    if both:
+        raise ValueError(f"{both[0]} is given both as a fixed value (-t) and as a varying one (--grid/--range)")
+
+    identity = {"blochsim": __version__, "simulator": request["name"], "protocol": request["protocol"],
+                "tissue": fixed, "settings": request["settings"], "names": names, "set": described,
+                "chunk_size": chunk_size,
+                "parameters_sha256": hashlib.sha256(np.ascontiguousarray(parameters).tobytes()).hexdigest()}
+    identity = json.loads(to_json(identity))  # the form it has in the manifest, to compare like with like
+
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite to replace it")
+    parts = out.with_name(out.name + ".parts")
+    if restart and parts.exists():
+        shutil.rmtree(parts)
+    atoms = parameters.shape[0]
+    chunks = -(-atoms // chunk_size)
+    manifest = _read_manifest(parts) if parts.exists() else None
+    if manifest is not None and (manifest.get("format") != FORMAT or manifest.get("request") != identity):
+        changed = _differences(manifest.get("request") or {}, identity) if manifest.get("format") == FORMAT \
+            else ["format"]
+        raise ValueError(f"{parts} holds chunks of another request (it differs in: {', '.join(changed)}); run "
+                         f"the same command to resume it, or pass --restart to discard it")
+    if manifest is None:
+        parts.mkdir(exist_ok=True)
+        manifest = {"format": FORMAT, "request": identity, "atoms": atoms, "chunks": chunks, "done": [],
+                    "samples": None, "dtype": None}
+        _write_manifest(parts, manifest)
+
+    def rows(index: int) -> int:
+        return min(chunk_size, atoms - index * chunk_size)
+
+    done = {i for i in manifest["done"]
+            if _chunk_ok(_chunk_path(parts, i), rows(i), manifest["samples"], manifest["dtype"])}
+    for stray in parts.glob(".*.tmp*"):  # temporary files of a run killed while writing
+        stray.unlink(missing_ok=True)
+    resumed = len(done)
+    if resumed:
+        click.echo(f"resuming {parts}: {resumed} of {chunks} chunks already done", err=True)
+
+    fixed_values = {**request["protocol"], **fixed, **request["settings"]}
+    started = time.perf_counter()
+    bar = progress_bar(atoms, desc="dictionary", unit="atom", enabled=progress, unit_scale=True,
+                       initial=sum(rows(i) for i in done))
+    try:
+        with bar:
+            for index in range(chunks):
+                if index in done:
+                    continue
+                lo, hi = index * chunk_size, index * chunk_size + rows(index)
+                varying = {name: parameters[lo:hi, j] for j, name in enumerate(names)}
+                block = _atoms(sim.simulate(**fixed_values, **varying), hi - lo)
+                if manifest["samples"] is None:
+                    manifest["samples"], manifest["dtype"] = int(block.shape[1]), str(block.dtype)
+                write_atomically(_chunk_path(parts, index), lambda tmp, b=block: np.save(tmp, b))
+                done.add(index)
+                manifest["done"] = sorted(done)
+                _write_manifest(parts, manifest)
+                bar.update(hi - lo)
+    except KeyboardInterrupt:
+        click.echo(f"stopped after {len(done)} of {chunks} chunks (kept in {parts}): run the same command "
+                   f"again to resume", err=True)
+        raise
+
+    shape, dtype = (atoms, manifest["samples"]), np.dtype(manifest["dtype"])
+    metadata = {key: identity[key] for key in ("blochsim", "simulator", "protocol", "tissue", "settings", "set")}
+    small = {"parameters": parameters, "names": np.asarray(names), "metadata": np.asarray(to_json(metadata))}
+    files = [_chunk_path(parts, i) for i in range(chunks)]
+    writer = _write_npz if out.suffix.lower() == ".npz" else _write_h5
+    write_atomically(out, lambda tmp: writer(tmp, small, files, shape, dtype))
+    figure_atoms = _sample_atoms(files, chunk_size, atoms) if plot_path else None
+    if not keep_chunks:
+        shutil.rmtree(parts)
+    elapsed = time.perf_counter() - started
+    computed = chunks - resumed
+    click.echo(f"{type(sim).__name__} dictionary: {atoms} atoms x {shape[1]} samples ({dtype}), "
+               f"{', '.join(names)}; {computed} of {chunks} chunks computed in {elapsed:.1f} s -> {out}")
+    if plot_path:
+        from .. import plot
+
+        drawn = "" if atoms <= _PLOTTED_ATOMS else f" ({_PLOTTED_ATOMS} drawn)"
+        figure = plot.dictionary(figure_atoms, parameters[_sample_rows(atoms)], names,
+                                 title=f"{atoms} atoms x {shape[1]} samples{drawn}")
+        click.echo(f"figure: {plot.save(figure, plot_path)}")
+
+
+def _pairs(flags: tuple, option: str) -> dict:
+    """{name: text} of NAME=TEXT flags (the text is read by the grid or range parser)."""
+    values = {}
+    for pair in flags:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected NAME=VALUES, got {pair!r}", param_hint=f"'{option}'")
+        values[name.strip()] = text.strip()
+    return values
+
+
+#: The dictionary figure draws at most this many atoms.
+_PLOTTED_ATOMS = 2000
+
+
+def _sample_rows(atoms: int) -> np.ndarray:
+    return np.unique(np.linspace(0, atoms - 1, min(_PLOTTED_ATOMS, atoms)).round().astype(int))
+
+
+def _sample_atoms(files: list, chunk_size: int, atoms: int) -> np.ndarray:
+    """The atoms `_sample_rows` picks, read from the chunk files without loading them whole."""
+    picked, opened = [], {}
+    for row in _sample_rows(atoms):
+        index, offset = divmod(int(row), chunk_size)
+        if index not in opened:
+            opened[index] = np.load(files[index], mmap_mode="r", allow_pickle=False)
+        picked.append(opened[index][offset])
+    return np.stack(picked)
