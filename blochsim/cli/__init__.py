@@ -12,12 +12,7 @@ import sys
 import click
 
 from .._version import __version__
-from .bench import bench
-from .demo import demo
-from .dictionary import dictionary
-from .estimate import fit, match
-from .info import info
-from .simulate import simulate
+from . import bench, demo, dictionary, estimate, info, simulate
 
 __all__ = ["main", "cli"]
 
@@ -40,7 +35,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-for _command in (demo, simulate, dictionary, match, fit, bench, info):
+for _command in (demo.demo, simulate.simulate, dictionary.dictionary, estimate.match, estimate.fit, bench.bench,
+                 info.info):
     cli.add_command(_command)
 
 
