@@ -254,3 +254,23 @@ def assert_png(path: Path) -> None:
     image = matplotlib.image.imread(path)
     assert image.shape[0] > 100 and image.shape[1] > 100
     assert float(image[..., :3].std()) > 0.01
+
+
+# -- the progress helper (blochsim._progress) ---------------------------------------------------------------------
+def test_progress_bar_switches(capsys, monkeypatch):
+    from blochsim import _progress
+
+    # Not a terminal (pytest captures stderr): no bar by default, one when forced (tqdm in the test extra).
+    assert isinstance(_progress.progress_bar(10), _progress.NoBar)
+    pytest.importorskip("tqdm")
+    with _progress.progress_bar(10, desc="work", unit="item", enabled=True) as bar:
+        bar.update(10)
+    assert "work" in capsys.readouterr().err
+    with _progress.progress_bar(10, enabled=False, initial=4) as bar:
+        bar.update(3)
+    assert bar.n == 7 and capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="enabled must be True, False or None"):
+        _progress.progress_bar(10, enabled="yes")
+    # Without tqdm: no bar, whatever `enabled` says.
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    assert isinstance(_progress.progress_bar(10, enabled=True), _progress.NoBar)

@@ -46,10 +46,11 @@ def dictionary(signals: Any, parameters: Any = None, names: Sequence[str] | None
         raise ValueError(f"signals must have shape (atoms, samples) with both > 0, got {atoms.shape}")
     params = None
     if parameters is not None:
-        params = as_numpy(parameters, "parameters").reshape(atoms.shape[0], -1) if np.size(parameters) else None
-        if params is None or params.shape[0] != atoms.shape[0]:
-            raise ValueError(f"parameters must have one row per atom ({atoms.shape[0]}), got shape "
-                             f"{np.shape(parameters)}")
+        params = as_numpy(parameters, "parameters")
+        params = params[:, None] if params.ndim == 1 else params
+        if params.ndim != 2 or params.shape[0] != atoms.shape[0] or params.shape[1] == 0:
+            raise ValueError(f"parameters must have one row per atom, shape ({atoms.shape[0]}, P), got shape "
+                             f"{params.shape}")
         names = list(names) if names is not None else [f"parameter {j}" for j in range(params.shape[1])]
         if len(names) != params.shape[1]:
             raise ValueError(f"names has {len(names)} entries, but parameters has {params.shape[1]} columns")
