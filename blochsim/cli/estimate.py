@@ -117,10 +117,119 @@ def match(volume, dictionary_path, output, png, groups, device, progress) -> Non
                             "dictionary": str(dictionary_path), "groups": groups}, png)
 
 
-@click.command()
-def fit() -> None:
-    """Fit a simulator to a signal volume (in progress)."""
+def _range(name: str, text) -> tuple:
+    """(low, high) of `LOW:HIGH` or a pair from a config file."""
+    parts = text.split(":") if isinstance(text, str) else list(np.asarray(text).reshape(-1))
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        low, high = float(parts[0]), float(parts[1])
+    except (TypeError, ValueError):
+        raise ValueError(f"range {name}: expected LOW:HIGH, got {text!r}") from None
+    if not low < high:
+        raise ValueError(f"range {name}: need LOW < HIGH, got {low:g}:{high:g}")
+    return low, high
 
 
-# Kept for `fit` (next): the request helpers it shares with `simulate`.
-_FIT_HELPERS = (gather_request, request_options, parse_assignments, split_values)
+@click.command(epilog="""\b
+Examples:
+  blochsim fit volume.npy mrf -p flip=@flips.npy -p TR=10 --range T1=100:4000 --range T2=5:500 \\
+      -o maps.npz --png maps.png
+  blochsim fit echoes.npy multiecho -p TE=10:100:10 --range T2=5:300 --uncertainty --noise-std 0.01 -o t2.h5
+  blochsim fit volume.npy -c mrf.toml --known B1=@b1_map.npy --range T1=100:4000 --range T2=5:500 -o maps.npz
+\b
+VOLUME: .npy, .npz or .h5 of shape (..., samples), its samples those the simulator returns for the protocol.
+A config file may hold [ranges] (NAME = "LOW:HIGH") beside simulator, [protocol], [tissue], [settings].
+""")
+@click.argument("volume", metavar="VOLUME")
+@request_options
+@click.option("--range", "range_flags", multiple=True, metavar="NAME=LOW:HIGH", required=False,
+              help="An unknown and its bounds (property units: T1 in ms, ...). Repeatable; at least one.")
+@click.option("--known", "known_flags", multiple=True, metavar="NAME=MAP",
+              help="A separately measured property (B1=@b1_map.npy: one value per voxel, or one for all).")
+@click.option("--noise-std", type=click.FloatRange(min=0), default=None,
+              help="The noise SD of the real and imaginary parts (signal units): the standard errors use it "
+                   "instead of the residual's estimate.")
+@click.option("--uncertainty", is_flag=True, help="Also write each unknown's standard error (NAME_sd).")
+@click.option("--max-iterations", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Levenberg-Marquardt iterations per voxel at most.")
+@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=1e-6, show_default=True,
+              help="A voxel stops when its relative cost change or its step falls below this.")
+@click.option("--start", type=click.Choice(["match", "center"]), default="match", show_default=True,
+              help="match: start from the best of a small dictionary; center: mid-range.")
+@click.option("--start-samples", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Atoms of the start dictionary (drawn from the ranges).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the start dictionary's draws.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The maps: .npz or .h5, one array per unknown plus M0, iterations, converged and cost.")
+@click.option("--png", "png", type=click.Path(dir_okay=False), default=None, help="Also draw the maps (PNG, ...).")
+@progress_option
+@reports_errors
+def fit(volume, simulator, config, protocol_flags, tissue_flags, states, repetitions, device, range_flags,
+        known_flags, noise_std, uncertainty, max_iterations, tolerance, start, start_samples, seed, output, png,
+        progress) -> None:
+    """Fit SIMULATOR to each voxel of VOLUME by nonlinear least squares; write the maps.
+
+    Voxel-parallel Levenberg-Marquardt on the simulator's forward-mode Jacobian, with the complex amplitude
+    (M0 and the receive phase) solved in closed form per voxel; the unknowns stay inside their ranges.
+    """
+    from ..estimators import NonlinearLeastSquares
+
+    out = check_output(output, allowed=_MAP_OUTPUTS)
+    signals = _volume(volume)
+    request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
+                             sections=("ranges",))
+    texts = {**request["config"].get("ranges", {}), **_pairs(range_flags, "--range")}
+    if not texts:
+        raise click.UsageError("name at least one unknown with its range, e.g. --range T1=100:4000")
+    ranges = {name: _range(name, text) for name, text in texts.items()}
+    known_maps = parse_assignments(known_flags, "--known")
+    fixed = dict(request["tissue"])
+    voxel_shape = signals.shape[:-1]
+    known = {}
+    for name, value in known_maps.items():
+        value = np.asarray(value, dtype=np.float64)
+        if value.ndim and value.shape != voxel_shape:
+            raise ValueError(f"--known {name}: a map of shape {value.shape}, the volume's voxels {voxel_shape}")
+        if value.ndim == 0 or float(value.min()) == float(value.max()):
+            fixed[name] = float(value.reshape(-1)[0])  # one value for every voxel: a fixed property
+        else:
+            known[name] = value
+    settings = {k: v for k, v in request["settings"].items() if k != "device"}
+    acquisition = request["class"](**request["protocol"], **fixed, **settings)
+    split_values(acquisition, request["protocol"], {**fixed, **dict.fromkeys([*ranges, *known], 0.0)})
+    both = [n for n in ranges if n in fixed or n in known]
+    if both:
+        raise ValueError(f"{both[0]} is given both as an unknown (--range) and as a fixed or known value")
+
+    started = time.perf_counter()
+    estimator = NonlinearLeastSquares(acquisition, max_iterations=max_iterations, tolerance=tolerance, start=start,
+                                      start_samples=start_samples)
+    estimator.fit(**ranges, known={n: (float(v.min()), float(v.max())) for n, v in known.items()} or None,
+                  noise_std=noise_std or 0.0, seed=seed)
+    result = estimator.map(signals, known or None, uncertainty=uncertainty, execution=_policy(device, progress))
+    maps, errors = result if uncertainty else (result, {})
+    maps = {name: as_numpy(v) for name, v in maps.items()}
+    maps.update({f"{name}_sd": as_numpy(v) for name, v in errors.items()})
+    report = {key: as_numpy(v) for key, v in (estimator.report or {}).items()}
+    maps.update(report)
+    voxels = int(np.prod(voxel_shape))
+    converged = int(np.sum(report["converged"])) if "converged" in report else voxels
+    iterations = f", median {np.median(report['iterations']):g} iterations" if "iterations" in report else ""
+    click.echo(f"fitted {voxels} voxels ({', '.join(ranges)}): {converged} converged{iterations}, in "
+               f"{time.perf_counter() - started:.1f} s")
+    metadata = {"estimator": "NonlinearLeastSquares", "volume": str(volume), "simulator": request["name"],
+                "protocol": request["protocol"], "tissue": fixed, "settings": settings,
+                "ranges": {n: list(r) for n, r in ranges.items()}, "known": list(known), "noise_std": noise_std}
+    _write_maps(out, maps, metadata, png)
+
+
+def _pairs(flags: tuple, option: str) -> dict:
+    """{name: text} of NAME=TEXT flags."""
+    values = {}
+    for pair in flags:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected NAME=LOW:HIGH, got {pair!r}", param_hint=f"'{option}'")
+        values[name.strip()] = text.strip()
+    return values
