@@ -240,6 +240,25 @@ def test_bench_table_record_and_figure(capsys, tmp_path):
     assert code == 1 and "no case ran at a reference size" in err
 
 
+def test_bench_figure_of_ratios(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "ratios.png"
+    # epg_real at its recorded size (10,000 tissues) has a reference time, so a ratio to draw.
+    code, out, err = run(capsys, "bench", "--cases", "epg_real", "--repeats", 1, "--plot", figure)
+    assert code == 0, err
+    assert out.splitlines()[2].split()[:2] == ["epg_real", "10000"] and "300.0" in out.splitlines()[2]
+    assert_png(figure)
+
+
+def test_figures_without_matplotlib_fail_before_the_work(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    out = tmp_path / "s.npy"
+    code, _, err = run(capsys, "simulate", "spgr", "-p", "flip=10", "-p", "TR=10", "-p", "TE=4", "-t", "T1=900",
+                       "-t", "T2star=30", "-o", out, "--plot", tmp_path / "s.png")
+    assert code == 1 and 'figures need matplotlib: pip install "blochsim[plot]"' in err
+    assert not out.exists()
+
+
 def test_bench_bad_case_is_a_usage_error(capsys):
     code, _, err = run(capsys, "bench", "--cases", "epg_rael")
     assert code == 2 and "unknown case 'epg_rael'" in err

@@ -21,9 +21,10 @@ from typing import Any
 import click
 import numpy as np
 
-__all__ = ["DataError", "reports_errors", "parse_value", "parse_assignments", "read_config", "SimulatorName",
-           "shipped_simulators", "simulator_class", "load_array", "save_arrays", "write_atomically",
-           "ARRAY_SUFFIXES", "progress_option"]
+__all__ = ["DataError", "reports_errors", "progress_option", "parse_value", "parse_range", "parse_assignments",
+           "read_config", "SimulatorName", "shipped_simulators", "simulator_class", "signature_line", "split_values",
+           "load_array", "load_arrays", "check_output", "write_atomically", "to_json", "save_arrays", "as_numpy",
+           "plotting", "ARRAY_SUFFIXES"]
 
 #: Output formats by suffix (HDF5 needs h5py).
 ARRAY_SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
@@ -433,3 +434,16 @@ def as_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     return np.asarray(value)
+
+
+def plotting() -> Any:
+    """blochsim.plot, with matplotlib drawing off screen (Agg): the command line writes figures to files and
+    never opens a window. ImportError naming the `plot` extra without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError('figures need matplotlib: pip install "blochsim[plot]"') from None
+    matplotlib.use("Agg")
+    from .. import plot
+
+    return plot

@@ -5,12 +5,24 @@ from __future__ import annotations
 import json
 import platform
 from datetime import datetime, timezone
+from pathlib import Path
 
 import click
 
-from ._common import reports_errors, write_atomically
+from ._common import plotting, reports_errors, write_atomically
 
 __all__ = ["bench"]
+
+
+def _cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def _cases(text: str | None) -> list | None:
@@ -65,6 +77,8 @@ def bench(cases, counts, repeats, quick, device, json_path, plot_path) -> None:
     from ..engine.kernels import num_threads
 
     names = _cases(cases)
+    if plot_path:
+        plotting()  # before the work: a missing matplotlib is said at once
     try:
         target = torch.device(device)
     except RuntimeError:
@@ -79,7 +93,7 @@ def bench(cases, counts, repeats, quick, device, json_path, plot_path) -> None:
     if gpu:
         card = torch.cuda.get_device_name(target) if torch.cuda.is_available() else "cuda"
     else:
-        card = platform.processor() or platform.machine() or "cpu"
+        card = _cpu_model()
     click.echo(f"blochsim bench on {card}, {num_threads()} threads; reference: {where}")
     click.echo(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'ref ms':>9}{'ratio':>7}")
     rows = []
@@ -105,7 +119,7 @@ def bench(cases, counts, repeats, quick, device, json_path, plot_path) -> None:
         if not any(row["ratio"] is not None for row in rows):
             raise ValueError("--plot draws each case's ratio to its reference, but no case ran at a reference "
                              "size (drop --quick and --n)")
-        from .. import plot
+        plot = plotting()
 
         axis = plot.benchmark_ratios(rows, reference=where, title=f"blochsim bench on {card}")
         click.echo(f"figure: {plot.save(axis, plot_path)}")

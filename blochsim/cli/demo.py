@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ._common import reports_errors
+from ._common import plotting, reports_errors
 
 __all__ = ["demo"]
 
@@ -41,6 +41,8 @@ def demo(tissues: int, repetitions: int, tr_ms: float, states: int, seed: int, p
     from ..engine import kernels
     from ..sequence import TissueProperties, mrf_description
 
+    if plot_path:
+        plotting()  # before the work: a missing matplotlib is said at once
     half = repetitions // 2
     flips_deg = torch.cat([torch.linspace(5, 60, half), torch.linspace(60, 2, repetitions - half)])
     t1 = torch.logspace(math.log10(200), math.log10(3000), max(1, round(math.sqrt(tissues))))
@@ -79,7 +81,7 @@ def _figure(path: str, atoms, t1, t2, tr_ms: float, build_ms: float, simulate_ms
     """Signals of four tissues spread over the grid, beside a bar of where the time went."""
     import torch
 
-    from .. import plot
+    plot = plotting()
     from ..plot._figure import pyplot
 
     plt = pyplot("blochsim demo --plot")

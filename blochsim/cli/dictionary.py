@@ -32,6 +32,7 @@ from ._common import (
     as_numpy,
     check_output,
     parse_value,
+    plotting,
     progress_option,
     reports_errors,
     split_values,
@@ -219,6 +220,8 @@ def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetiti
     Fixed tissue properties (-t) must be single values; the varying ones come from --grid or --range.
     """
     out = check_output(output, allowed=(".npz", ".h5", ".hdf5"))
+    if plot_path:
+        plotting()  # before the work: a missing matplotlib is said at once
     request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
                              sections=("grid", "random", "dictionary"))
     file = request["config"]
@@ -319,7 +322,7 @@ def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetiti
     click.echo(f"{type(sim).__name__} dictionary: {atoms} atoms x {shape[1]} samples ({dtype}), "
                f"{', '.join(names)}; {computed} of {chunks} chunks computed in {elapsed:.1f} s -> {out}")
     if plot_path:
-        from .. import plot
+        plot = plotting()
 
         drawn = "" if atoms <= _PLOTTED_ATOMS else f" ({_PLOTTED_ATOMS} drawn)"
         figure = plot.dictionary(figure_atoms, parameters[_sample_rows(atoms)], names,

@@ -20,6 +20,7 @@ from ._common import (
     load_array,
     load_arrays,
     parse_assignments,
+    plotting,
     progress_option,
     reports_errors,
     save_arrays,
@@ -53,7 +54,7 @@ def _write_maps(output: Path, maps: dict, metadata: dict, png: str | None) -> No
     shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in arrays.items())
     click.echo(f"maps: {shapes} -> {output}")
     if png:
-        from .. import plot
+        plot = plotting()
 
         figure = plot.maps({name: a for name, a in arrays.items() if np.iscomplexobj(a) or a.dtype.kind == "f"})
         click.echo(f"figure: {plot.save(figure, png)}")
@@ -90,6 +91,8 @@ def match(volume, dictionary_path, output, png, groups, device, progress) -> Non
     from ..estimators import DictionaryMatcher
 
     out = check_output(output, allowed=_MAP_OUTPUTS)
+    if png:
+        plotting()  # before the work: a missing matplotlib is said at once
     signals = _volume(volume)
     held = load_arrays(dictionary_path)
     missing = [key for key in ("signals", "parameters", "names") if key not in held]
@@ -176,6 +179,8 @@ def fit(volume, simulator, config, protocol_flags, tissue_flags, states, repetit
     from ..estimators import NonlinearLeastSquares
 
     out = check_output(output, allowed=_MAP_OUTPUTS)
+    if png:
+        plotting()  # before the work: a missing matplotlib is said at once
     signals = _volume(volume)
     request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
                              sections=("ranges",))

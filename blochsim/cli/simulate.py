@@ -12,6 +12,7 @@ from ._common import (
     as_numpy,
     check_output,
     parse_assignments,
+    plotting,
     read_config,
     reports_errors,
     save_arrays,
@@ -131,6 +132,8 @@ def simulate(simulator, config, protocol_flags, tissue_flags, states, repetition
     if output is None:
         raise click.UsageError("give an output file with -o/--output (or --list to list the simulators)")
     out = check_output(output)
+    if plot_path:
+        plotting()  # before the work: a missing matplotlib is said at once
     request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
                              sections=())
     sim = request["class"]()
@@ -157,7 +160,7 @@ def simulate(simulator, config, protocol_flags, tissue_flags, states, repetition
                + (f", jacobian {tuple(arrays['jacobian'].shape)} ({', '.join(names)})" if names else "")
                + f" in {elapsed_ms:.1f} ms -> {out}")
     if plot_path:
-        from .. import plot
+        plot = plotting()
 
         axis = plot.signals(signal if signal.ndim else signal.reshape(1, 1), part="abs" if signal.dtype.kind == "c"
                             else "real", title=f"{type(sim).__name__}")
