@@ -439,4 +439,18 @@ class Simulator(StructureCache, EngineDispatch, Jacobians):
         self._absorb(settings, ".from_description()")
         return self
 
+    @classmethod
+    def from_pulseq(cls, source, *, tr_index: int | None = None, model: SpinPhysics | None = None, **settings):
+        """A simulator of one repetition of a Pulseq 1.4/1.5 file: `read_pulseq_description`, then
+        `from_description`. `source` is a `.seq` path, its bytes, a stream or a pypulseq `Sequence`;
+        `tr_index` picks the repetition (see `read_pulseq_description`). `subsequence_index`,
+        `crusher_dephasing_rad` and `voxel_size_m` go to the reader; the other `settings` (run settings,
+        tissue values) to `from_description`.
+        """
+        from ..sequence import read_pulseq_description
+
+        reader = {name: settings.pop(name) for name in ("subsequence_index", "crusher_dephasing_rad", "voxel_size_m")
+                  if name in settings}
+        return cls.from_description(read_pulseq_description(source, tr_index=tr_index, **reader), model, **settings)
+
 

@@ -1,6 +1,7 @@
 """The sequence description layer: events, operators, RF definitions, descriptions."""
 
 from .._execution import execution, offload
+from ._pulseq import read_pulseq_description
 from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
 from .description import SequenceDescription
 from .events import AdcRole, EventAction, EventType, RfMode, RfUse, SequenceEvent
@@ -73,6 +74,8 @@ __all__ = [
     "mprage_description",
     "spgr_description",
     "TissueProperties",
+    # outside formats (6.7)
+    "read_pulseq_description",
     # the engine (6.4)
     "EpgEngine",
     "SimulationResult",

@@ -152,6 +152,14 @@ class SequenceDescription:
         return cls(subsequence_index, end_s * 1e6, events, definitions, dict(shim_definitions or {}),
                    crusher_dephasing_rad, voxel_size_m, rf_raster_time_s)
 
+    @classmethod
+    def from_pulseq(cls, source: Any, **settings: Any) -> SequenceDescription:
+        """One repetition of a Pulseq 1.4/1.5 file (a path, its bytes, a stream or a pypulseq `Sequence`):
+        `read_pulseq_description(source, **settings)`, which says how blocks become events."""
+        from ._pulseq import read_pulseq_description
+
+        return read_pulseq_description(source, **settings)
+
     def plot(self, axis: Any = None, *, upto_s: float | None = None) -> Any:
         """Draw RF stems (flip in degrees) and ADC markers against time in ms; returns the axis.
 
