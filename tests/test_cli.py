@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from blochsim.cli import main
 from blochsim.simulators import MRFSimulator, SPGRSimulator
@@ -37,16 +38,20 @@ def run_module(*argv, timeout=120) -> subprocess.CompletedProcess:
 
 
 # -- entry points, version, help ---------------------------------------------------------------------------------
-def test_module_entry_point_version_and_bad_flag_without_traceback():
-    from blochsim import __version__
-
-    done = run_module("--version")
-    assert done.returncode == 0 and done.stdout.strip() == f"blochsim {__version__}"
+def test_module_entry_point_bad_flag_without_traceback():
     # issue 27: `demo --tissues 0` ended in ZeroDivisionError, `demo --states 0` in a traceback.
     bad = run_module("demo", "--tissues", "0")
     assert bad.returncode == 2
     assert "Usage: blochsim demo" in bad.stderr and "--tissues" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_version(capsys):
+    from blochsim import __version__
+
+    for flag in ("--version", "-V"):
+        code, out, _ = run(capsys, flag)
+        assert code == 0 and out.strip() == f"blochsim {__version__}"
 
 
 @pytest.mark.parametrize("flag", ["--tissues", "--states", "--repetitions", "--tr-ms"])
@@ -262,6 +267,18 @@ def test_figures_without_matplotlib_fail_before_the_work(capsys, tmp_path, monke
 def test_bench_bad_case_is_a_usage_error(capsys):
     code, _, err = run(capsys, "bench", "--cases", "epg_rael")
     assert code == 2 and "unknown case 'epg_rael'" in err
+    code, _, err = run(capsys, "bench", "--device", "gpu0")
+    assert code == 2 and "'gpu0' is not a device" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("argv", [["bench", "--cases", "epg_real", "--n", "10"],
+                                  ["simulate", "mrf", "-p", "flip=10", "-p", "TR=10", "-t", "T1=800", "-t", "T2=80",
+                                   "-o", "x.npy"]])
+def test_cuda_device_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, *argv, "--device", "cuda")
+    assert code == 1 and err.count("\n") == 1 and "CUDA" in err
 
 
 # -- helpers -------------------------------------------------------------------------------------------------------

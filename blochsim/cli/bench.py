@@ -84,6 +84,9 @@ def bench(cases, counts, repeats, quick, device, json_path, plot_path) -> None:
     except RuntimeError:
         raise click.BadParameter(f"{device!r} is not a device (cpu, cuda, cuda:1, ...)",
                                  param_hint="'--device'") from None
+    from .._errors import check_device
+
+    check_device(target)  # a CUDA device this installation cannot serve: one line saying what to install
     gpu = target.type == "cuda"
     reference = bc.INCUMBENT_MS if gpu else bc.CPU_INCUMBENT_MS
     where = "the incumbent 0.0.14 on an H200" if gpu else "the incumbent 0.0.14 on 2 cores, 2 threads"
