@@ -114,6 +114,8 @@ def test_select_indexes_bound_maps():
     part = op.select(keep)
     torch.testing.assert_close(part(x[keep]), op(x)[keep], rtol=0, atol=1e-14)  # the same voxels' physics
     torch.testing.assert_close(part.split(x[keep])["T1"], op.split(x)["T1"][keep])
+    as_numpy = ModelOperator(mrf(B1=b1.numpy()), "T1", "T2", bounds={"T1": (low, 4000.0), "T2": (5.0, 500.0)})
+    torch.testing.assert_close(as_numpy.select(keep)(x[keep]), op(x)[keep], rtol=0, atol=1e-14)  # NumPy maps too
 
 
 def test_execution_setting_and_top_level():

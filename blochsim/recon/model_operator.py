@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from .._arrays import to_tensor
+from .._arrays import is_array, to_tensor
 from ..subspace import Subspace
 
 __all__ = ["ModelOperator"]
@@ -227,8 +227,9 @@ class ModelOperator(torch.nn.Module):
     def select(self, keep) -> ModelOperator:
         """The operator restricted to a subset of voxels: every bound map of the acquisition and of `bounds`
         (tensors with axes) is indexed by `keep` (a boolean mask or indices over the voxel axes)."""
-        maps = {name: value[keep] for name, value in self.acquisition.bound.items()
-                if isinstance(value, torch.Tensor) and value.dim() > 0}
+        arrays = {name: to_tensor(value, name=name) for name, value in self.acquisition.bound.items()
+                  if is_array(value)}  # torch, NumPy or CuPy maps
+        maps = {name: value[keep] for name, value in arrays.items() if value.dim() > 0}
         other = ModelOperator.__new__(ModelOperator)
         torch.nn.Module.__init__(other)
         other.acquisition = self.acquisition.bind(**maps) if maps else self.acquisition
