@@ -1,8 +1,9 @@
 """blochsim: a differentiable MRI signal simulator for PyTorch (extended phase graphs)."""
 
 from . import model, optim, sequence, simulators
+from ._distributed import distributed, shard_of
 from ._errors import CudaBuildMismatch
-from ._execution import execution, offload
+from ._execution import distribute, execution, offload
 from ._version import __version__
 from .hvp import hvp
 from .model import Simulator
@@ -70,6 +71,9 @@ __all__ = [
     "CudaBuildMismatch",
     "execution",
     "offload",
+    "distribute",
+    "distributed",
+    "shard_of",
     "Operator",
     "Excitation",
     "Refocusing",

@@ -22,8 +22,8 @@ import torch
 
 from ._errors import check_device
 
-__all__ = ["ExecutionPolicy", "execution", "offload", "active", "applied", "as_policy", "DEFAULT_SCRATCH_BYTES",
-           "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes"]
+__all__ = ["ExecutionPolicy", "execution", "offload", "distribute", "active", "applied", "as_policy",
+           "DEFAULT_SCRATCH_BYTES", "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
 #: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
@@ -47,12 +47,14 @@ class ExecutionPolicy:
     """Where work runs and in what chunks; made by `execution()` or `offload()`, used as a context manager or
     as an `execution=` setting.
 
-    `target` is "auto" (where the tissue tensors are), "cpu", or a tuple of CUDA devices (the first is used:
-    one process runs on one device). `budget_bytes`: bytes one chunk of one kernel call may touch (None:
+    `target` is "auto" (where the tissue tensors are; large work on CUDA tensors spreads over every visible
+    CUDA device), "cpu", or a tuple of CUDA devices (a simulator call spreads its voxels over them, one
+    contiguous range each). `budget_bytes`: bytes one chunk of one kernel call may touch (None:
     the device's free memory less `reserve_bytes`, with the scratch held to `DEFAULT_SCRATCH_BYTES`; on
     the CPU, no limit). `lanes`: chunks in flight per CUDA device. `offload`: every per-voxel workload
     streams through `target`, host tensors staged through pinned memory. `progress`: a tqdm bar over
     long chunked work (None: when the work is estimated past a few seconds and stderr is a terminal).
+    `trains`: made by `distribute`: a call with few voxels shards its trains over `target`.
     """
 
     target: str | tuple = "auto"
@@ -62,6 +64,7 @@ class ExecutionPolicy:
     reserve_bytes: int = _RESERVE_BYTES
     offload: bool = False
     progress: bool | None = None
+    trains: bool = False
 
     def __enter__(self) -> ExecutionPolicy:
         _ACTIVE.set((self, _ACTIVE.get()))
@@ -166,16 +169,18 @@ def execution(target="auto", *, stream=None, budget_bytes=None, lanes=1, reserve
               progress=None) -> ExecutionPolicy:
     """A placement policy (a context manager, or a value for `execution=`).
 
-    `target`: "auto" runs work where the tissue tensors are; "cpu" confines it to the host; a CUDA device or
-    a list of them runs it there (one process uses the first listed, or the one the tensors are on), staging
-    host tensors chunk by chunk. Each pass of a kernel call is cut into voxel chunks sized by a per-voxel
-    byte model (the library's scratch plus the per-voxel arrays the pass reads and writes) against
-    `budget_bytes`, or, on a CUDA device without it, against its free memory less `reserve_bytes` with the
-    scratch held to `DEFAULT_SCRATCH_BYTES`. `stream`: True sizes chunks from the budget; False runs each
-    device's part whole and raises RuntimeError when it does not fit; None (default) whichever chunks are
-    smaller. `lanes`: chunks in flight per CUDA device (each on its own stream, with its share of the
-    budget); the host runs one chunk at a time on all its threads. `progress`: True shows a tqdm bar over
-    every chunked call, False never, None (default) for chunked work estimated past a few seconds when
+    `target`: "auto" runs work where the tissue tensors are (with two visible CUDA devices or more, a call on
+    CUDA tensors of at least `_multi_device.AUTO_SPREAD_VOXELS` voxels and no autograd history spreads its
+    voxels over all of them); "cpu" confines it to the host; a CUDA device runs it there, staging host
+    tensors chunk by chunk; a list of them spreads a simulator call's voxels over the devices, one
+    contiguous range each, results gathered on the inputs' device. Each pass of a kernel call is cut into
+    voxel chunks sized by a per-voxel byte model (the library's scratch plus the per-voxel arrays the pass
+    reads and writes) against `budget_bytes`, or, on a CUDA device without it, against its free memory less
+    `reserve_bytes` with the scratch held to `DEFAULT_SCRATCH_BYTES`. `stream`: True sizes chunks from the
+    budget; False runs each device's part whole and raises RuntimeError when it does not fit; None (default)
+    whichever chunks are smaller. `lanes`: chunks in flight per CUDA device (each on its own stream, with its
+    share of the budget); the host runs one chunk at a time on all its threads. `progress`: True shows a tqdm
+    bar over every chunked call, False never, None (default) for chunked work estimated past a few seconds when
     stderr is a terminal. Results do not depend on chunking. Bad arguments raise ValueError naming them.
     """
     if isinstance(target, str) and target in ("auto", "cpu"):
@@ -192,10 +197,20 @@ def execution(target="auto", *, stream=None, budget_bytes=None, lanes=1, reserve
 def offload(devices=("cuda",), *, budget_bytes=_RESERVE_BYTES, lanes=1, progress=None) -> ExecutionPolicy:
     """A policy that streams every per-voxel workload through the CUDA `devices`, whatever its size: host
     tensors are staged through pinned memory in chunks of at most `budget_bytes` per lane, with `lanes`
-    chunks in flight, and results come back to the host. See `execution` for `progress`."""
+    chunks in flight, and results come back to the host. Several devices: each streams one contiguous range
+    of a simulator call's voxels. See `execution` for `progress`."""
     return ExecutionPolicy(target=_cuda_devices("devices", devices), stream=True,
                            budget_bytes=_positive("budget_bytes", budget_bytes), lanes=_positive("lanes", lanes),
                            offload=True, progress=_flag("progress", progress))
+
+
+def distribute(devices) -> ExecutionPolicy:
+    """A policy that spreads work over the CUDA `devices` (one is allowed): a simulator call with at least
+    `_multi_device.MIN_VOXELS_PER_DEVICE` voxels per device runs one contiguous range of them on each; a call
+    with fewer that has at least 2 trains (a protocol with a train axis) runs contiguous blocks of its trains
+    on each device, pool tables and per-voxel transmit included. Results return to the inputs' device."""
+    devices = _cuda_devices("devices", devices)
+    return ExecutionPolicy(target=devices, trains=True)
 
 
 def as_policy(value, name: str = "execution") -> ExecutionPolicy | None:

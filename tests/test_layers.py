@@ -28,7 +28,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "blochsim"
 #: (its __init__) is the public face and re-exports every layer but the oracle.
 LAYERS = {
     "foundation": ("blochsim._version", "blochsim._errors", "blochsim._arrays", "blochsim._native",
-                   "blochsim._execution", "blochsim._progress"),
+                   "blochsim._execution", "blochsim._progress", "blochsim._sharding", "blochsim._distributed",
+                   "blochsim._multi_device"),
     "physics": ("blochsim.physics",),
     "sequence": ("blochsim.sequence",),
     "engine": ("blochsim.engine",),

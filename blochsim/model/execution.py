@@ -15,6 +15,7 @@ import torch.autograd.forward_ad as fwAD
 
 from .._errors import check_device, missing_property
 from .._execution import active, applied, as_policy
+from .._multi_device import train_placement
 from ..engine.bind import needs_complex as _needs_complex
 from ..engine.bind import pack_fields, run, values_of
 from ..engine.program import TrainAxisError
@@ -148,11 +149,12 @@ class EngineDispatch:
         is walked and each train compiled on every call."""
         args = None if self._stored is not None else protocol
         runs = []
-        for part in parts:
+        for index, part in enumerate(parts):
             program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
-            if repetitions == "auto":
-                runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
-                                            dtype=dtype, keep_double=double))
-            else:
-                runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
+            with train_placement(index, len(parts)):  # distribute(devices): this train's device
+                if repetitions == "auto":
+                    runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
+                                                dtype=dtype, keep_double=double))
+                else:
+                    runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
         return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])

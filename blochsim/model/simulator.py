@@ -23,6 +23,7 @@ from .._arrays import (
     to_tensor,
 )
 from .._errors import check_device, missing_property, unknown_name
+from .._sharding import route as _route
 from ..engine.program import check_shims
 from ..engine.vmap import loop_under_vmap
 from ..sequence.description import SequenceDescription
@@ -374,6 +375,11 @@ class Simulator(StructureCache, EngineDispatch, Jacobians):
         tissue maps).
         """
         protocol, tissue, settings, library = self._gather(values, ".simulate()")
+        # Split over the ranks of a distributed() block or over several devices (None: run here, whole).
+        split = _route(self, Simulator.simulate, None, protocol, tissue, settings, library,
+                       engine=self._event_train or self._stored is not None)
+        if split is not None:
+            return split
         properties = self._convert_tissue(tissue, settings)
         if self._stored is not None:
             out = self._engine(properties, {}, settings)
@@ -404,6 +410,10 @@ class Simulator(StructureCache, EngineDispatch, Jacobians):
         protocol, tissue, settings, library = self._gather(values, ".jacobian()")
         for name in names:
             self._check_differentiable(name, protocol, tissue)
+        split = _route(self, Simulator.jacobian, diff, protocol, tissue, settings, library,
+                       engine=self._event_train or self._stored is not None)
+        if split is not None:
+            return split
         properties = self._convert_tissue(tissue, settings)
         if self._event_train or self._stored is not None:
             signal, jac = self._engine_jacobian(names, properties, protocol, settings)

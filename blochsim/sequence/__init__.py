@@ -1,6 +1,6 @@
 """The sequence description layer: events, operators, RF definitions, descriptions."""
 
-from .._execution import execution, offload
+from .._execution import distribute, execution, offload
 from ._pulseq import read_pulseq_description
 from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
 from .description import SequenceDescription
@@ -85,6 +85,7 @@ __all__ = [
     # placement (9)
     "execution",
     "offload",
+    "distribute",
 ]
 
 _ENGINE_NAMES = ("EpgEngine", "SimulationResult", "PackedDescription", "pack_description")
