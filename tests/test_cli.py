@@ -150,6 +150,7 @@ def test_simulate_list_names_every_shipped_simulator(capsys):
     (["-p", "T1=800", "-t", "T2=80"], "T1 is a tissue property of MRFSimulator: give it with -t/--tissue"),
     (["-t", "T1=@missing.npy", "-t", "T2=80"], "no such file"),
     (["-t", "T1=[1, 2", "-t", "T2=80"], "not valid JSON"),
+    (["-p", "phases=abc", "-t", "T1=800", "-t", "T2=80"], "(read as text: phases='abc'; a number is"),
 ])
 def test_simulate_bad_data_is_one_line_and_exit_1(capsys, tmp_path, argv, message):
     code, out, err = run(capsys, "simulate", "mrf", "-p", "flip=10,20", "-p", "TR=10", *argv, "-o",

@@ -22,9 +22,9 @@ import click
 import numpy as np
 
 __all__ = ["DataError", "reports_errors", "progress_option", "parse_value", "parse_range", "parse_assignments",
-           "read_config", "SimulatorName", "shipped_simulators", "simulator_class", "signature_line", "split_values",
-           "load_array", "load_arrays", "check_output", "write_atomically", "to_json", "save_arrays", "as_numpy",
-           "plotting", "ARRAY_SUFFIXES"]
+           "note_text_values", "read_config", "SimulatorName", "shipped_simulators", "simulator_class",
+           "signature_line", "split_values", "load_array", "load_arrays", "check_output", "write_atomically",
+           "to_json", "save_arrays", "as_numpy", "plotting", "ARRAY_SUFFIXES"]
 
 #: Output formats by suffix (HDF5 needs h5py).
 ARRAY_SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
@@ -61,10 +61,18 @@ def reports_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except _USER_ERRORS as exc:
             ctx = click.get_current_context(silent=True)
-            if ctx is not None and (ctx.find_root().obj or {}).get("debug"):
+            state = (ctx.find_root().obj or {}) if ctx is not None else {}
+            if state.get("debug"):
                 raise
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            raise DataError(str(message).strip().replace("\n", " ") or type(exc).__name__) from exc
+            message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+            message = message.strip().replace("\n", " ") or type(exc).__name__
+            words = state.get("text_values") or {}
+            if isinstance(exc, TypeError) and words:
+                # A value that is not a number was passed on as text; say so, the simulator cannot.
+                shown = ", ".join(f"{name}={text!r}" for name, text in words.items())
+                message += (f" (read as text: {shown}; a number is 10, 1,2,3, START:STOP:COUNT[:log], [..] or "
+                            f"@file.npy)")
+            raise DataError(message) from exc
 
     return wrapper
 
@@ -136,6 +144,16 @@ def parse_value(text: str, name: str, *, base: Path | None = None) -> Any:
             return np.asarray(numbers, dtype=float)
         raise ValueError(f"{name}={text}: a comma-separated list must hold numbers only")
     return text
+
+
+def note_text_values(values: Mapping) -> None:
+    """Remember which values were read as text (words such as `inversion=ideal`), so that an error they cause
+    can say how they were read (`reports_errors`)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        root = ctx.find_root()
+        root.obj = root.obj if isinstance(root.obj, dict) else {}
+        root.obj.setdefault("text_values", {}).update({k: v for k, v in values.items() if isinstance(v, str)})
 
 
 def parse_assignments(pairs: tuple, option: str) -> dict:

@@ -11,6 +11,7 @@ from ._common import (
     SimulatorName,
     as_numpy,
     check_output,
+    note_text_values,
     parse_assignments,
     plotting,
     read_config,
@@ -80,6 +81,7 @@ def gather_request(simulator: type | None, config: str | None, protocol_flags: t
     for name, value in (("states", states), ("repetitions", repetitions), ("device", device)):
         if value is not None:
             settings[name] = value
+    note_text_values({**protocol, **tissue})
     short = next(k for k, v in shipped_simulators().items() if v is simulator)
     return {"class": simulator, "name": short, "protocol": protocol, "tissue": tissue, "settings": settings,
             "config": file}
