@@ -132,6 +132,22 @@ def test_simulate_config_file_jacobian_and_formats(capsys, tmp_path):
     assert np.load(tmp_path / "j.npy").shape == (2,)
 
 
+def test_simulate_draws_signals_and_sequence(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    signal_png, sequence_png = tmp_path / "signal.png", tmp_path / "sequence.png"
+    code, out, err = run(capsys, "simulate", "fse", "-p", "flip=180,150,120,150", "-p", "ESP=10", "-t",
+                         "T1=800,1200", "-t", "T2=80", "-o", tmp_path / "fse.npy", "--plot", signal_png, "--sequence",
+                         sequence_png)
+    assert code == 0, err
+    assert_png(signal_png)
+    assert_png(sequence_png)
+    # A closed form has no event train to draw: one line, before the work.
+    code, _, err = run(capsys, "simulate", "spgr", "-p", "flip=10", "-p", "TR=10", "-p", "TE=4", "-t", "T1=900",
+                       "-t", "T2star=30", "-o", tmp_path / "s.npy", "--sequence", sequence_png)
+    assert code == 1 and "closed form: it has no event train for --sequence to draw" in err
+    assert not (tmp_path / "s.npy").exists()
+
+
 def test_simulate_list_names_every_shipped_simulator(capsys):
     from blochsim import simulators
 

@@ -99,7 +99,7 @@ Examples:
   blochsim simulate mrf -p flip=5:60:100 -p TR=10 -t T1=800,1200 -t T2=80 -o signal.npy
   blochsim simulate spgr -p flip=2:30:15 -p TR=10 -p TE=4 -t T1=1000 -t T2star=40 -o spgr.npz
   blochsim simulate fse -p flip=@refocusing.npy -p ESP=10 -t T1=1000 -t T2=80 -o fse.h5
-  blochsim simulate -c protocol.toml --jacobian T1,T2 -o signal.npz --plot signal.png
+  blochsim simulate -c protocol.toml --jacobian T1,T2 -o signal.npz --plot signal.png --sequence sequence.png
 \b
 A config file (TOML; JSON with the same keys):
   simulator = "mrf"
@@ -119,10 +119,12 @@ A config file (TOML; JSON with the same keys):
               help="Output file: .npy (the signal), .npz or .h5 (signal, jacobian, and the request).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also write a figure of the signals (PNG, ...).")
+@click.option("--sequence", "sequence_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the sequence: RF pulses and samples against time (event trains; PNG, ...).")
 @click.option("--list", "list_simulators", is_flag=True, help="List the shipped simulators and their arguments.")
 @reports_errors
 def simulate(simulator, config, protocol_flags, tissue_flags, states, repetitions, device, diff, output, plot_path,
-             list_simulators) -> None:
+             sequence_path, list_simulators) -> None:
     """Simulate a shipped SIMULATOR (mrf, fse, spgr, bssfp, ...) and write the signal to a file.
 
     Tissue properties broadcast against each other: T1=800,1200 with T2=80 gives 2 voxels; the signal has
@@ -134,16 +136,20 @@ def simulate(simulator, config, protocol_flags, tissue_flags, states, repetition
     if output is None:
         raise click.UsageError("give an output file with -o/--output (or --list to list the simulators)")
     out = check_output(output)
-    if plot_path:
+    if plot_path or sequence_path:
         plotting()  # before the work: a missing matplotlib is said at once
     request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
                              sections=())
     sim = request["class"]()
     split_values(sim, request["protocol"], request["tissue"])
+    if sequence_path and not sim.variables:
+        raise ValueError(f"{type(sim).__name__} is a closed form: it has no event train for --sequence to draw")
     values = {**request["protocol"], **request["tissue"], **request["settings"]}
     names = tuple(n.strip() for n in diff.split(",") if n.strip()) if diff else ()
     if diff is not None and not names:
         raise click.BadParameter("name at least one property, e.g. --jacobian T1,T2", param_hint="'--jacobian'")
+    if names and out.suffix.lower() == ".npy":
+        raise ValueError(f"{output}: a .npy file holds one array; write .npz or .h5 to keep the Jacobian too")
     started = time.perf_counter()
     if names:
         signal, jac = sim.jacobian(names, **values)
@@ -151,8 +157,6 @@ def simulate(simulator, config, protocol_flags, tissue_flags, states, repetition
     else:
         arrays = {"signal": as_numpy(sim.simulate(**values))}
     elapsed_ms = 1e3 * (time.perf_counter() - started)
-    if "jacobian" in arrays and out.suffix.lower() == ".npy":
-        raise ValueError(f"{output}: a .npy file holds one array; write .npz or .h5 to keep the Jacobian too")
     metadata = {"simulator": type(sim).__name__, "protocol": request["protocol"], "tissue": request["tissue"],
                 "settings": {k: v for k, v in request["settings"].items() if k != "device"},
                 "jacobian_names": list(names)}
@@ -167,3 +171,9 @@ def simulate(simulator, config, protocol_flags, tissue_flags, states, repetition
         axis = plot.signals(signal if signal.ndim else signal.reshape(1, 1), part="abs" if signal.dtype.kind == "c"
                             else "real", title=f"{type(sim).__name__}")
         click.echo(f"figure: {plot.save(axis, plot_path)}")
+    if sequence_path:
+        plot = plotting()
+        description = sim.describe(**request["protocol"])
+        axis = plot.sequence(description)
+        axis.set_title(f"{type(sim).__name__}: one repetition")
+        click.echo(f"sequence: {plot.save(axis, sequence_path)}")
