@@ -139,11 +139,12 @@ PLAN = "include/blochsim/launch_plan.hpp"
 RULES = ("threads_for", "blocks_for", "padded_voxels", "registers_layout", "device_scratch_per_voxel",
          "forward_scratch_bytes", "vjp_state_bytes", "vjp_scratch_bytes")
 # The host code of both CUDA libraries: the shared plan and C ABI, the nvcc library's launcher and pass
-# units, the CUDA 12 package's launcher and kernel list.
+# units, the CUDA 12 package's launcher and kernel list. PERK's unit (cuda/perk.cu) is not EPG launch code:
+# its kernels are a family of their own, outside the table, started by that unit alone.
 LAUNCH_FILES = sorted(
     [PLAN, "include/blochsim/cuda_abi.inc", "cuda/epg_launch.cuh", "cuda/passes.cuh",
      "cuda12_launcher/launcher.cpp", "cuda12_launcher/fatbin_kernels.hpp", "cuda12_launcher/kernel_list.cpp"]
-    + [str(p.relative_to(CSRC)) for p in (CSRC / "cuda").glob("*.cu")])
+    + [str(p.relative_to(CSRC)) for p in (CSRC / "cuda").glob("*.cu") if not p.name.startswith("perk")])
 
 
 def table_rows() -> dict[str, str]:

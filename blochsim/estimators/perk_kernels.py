@@ -94,18 +94,20 @@ def _threads() -> int:
 
 def _run(lib, device: torch.device, entry: str, args) -> None:
     """Call `entry` with `args`: on a CUDA device on torch's current stream, with scratch from torch."""
-    keep = None
-    if device.type == "cuda":
+    if device.type != "cuda":
+        nat.check_status(lib, getattr(lib, entry)(ctypes.byref(args)), entry)
+        return
+    with torch.cuda.device(device):  # the kernels size their feature splits by the current device
         args.stream = torch.cuda.current_stream(device).cuda_stream
         need = lib.bs_perk_scratch_bytes(_PASS[entry], ctypes.byref(args))
         if need < 0:
             nat.check_status(lib, 1, entry)
-        if entry != "bs_perk_accumulate" and need > 0:
+        keep = None
+        if entry != "bs_perk_accumulate" and need > 0:  # the fit's scratch (its features) comes from the caller
             keep = torch.empty(int(need), dtype=torch.uint8, device=device)
             args.scratch, args.scratch_bytes = keep.data_ptr(), int(need)
-    status = getattr(lib, entry)(ctypes.byref(args))
-    nat.check_status(lib, status, entry)
-    del keep  # held until the kernel is queued; torch's stream order keeps it valid after
+        nat.check_status(lib, getattr(lib, entry)(ctypes.byref(args)), entry)
+        del keep  # freed to torch's caching allocator, which keeps it for this stream's queued work
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ BS_HD N feature_slope(const N& u) {
   const N r = reduce_turns<R>(u);
   const N r2 = r * r;
   const N zero = r2 * R(0);
-  return -(r * taylor<R, 1, top - 1>(r2, zero + static_cast<R>((top % 2 ? -1.0 : 1.0) * inverse_factorial(2 * top + 1))));
+  const N last = zero + static_cast<R>((top % 2 ? -1.0 : 1.0) * inverse_factorial(2 * top + 1));
+  return -(r * taylor<R, 1, top - 1>(r2, last));
 }
 
 // ---- typed views of the C ABI ---------------------------------------------------------------------------
