@@ -9,7 +9,7 @@ Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepar
 * resolving call: the second call of the structure, which fits the affine value map (reported only).
 * value-only call: later calls with new flip values, same shapes. Target: < 200 us over the run.
 
-Also the compile alone (`engine.compile_program` and `engine.bind.compile_fast`) and the layout walk.
+Also the compile alone (`engine.compile_program`) and the layout walk.
 
 Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300]
 Writes a new benchmarks/results/python_overhead-<host><cpus>cpu-<voxels>vox-<date>-<commit>.json and prints a table.
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from _records import write_record
 
-from blochsim import _native as nat
 from blochsim.engine import bind, compile_program, kernels
 from blochsim.engine.functions import EpgSimulate
+from blochsim.engine.tissue import pack_tissue
 from blochsim.simulators import MRFSimulator
 
 FLIPS = 500
@@ -91,10 +91,8 @@ def main() -> int:
 
     # The kernel call alone, on the buffers a value-only call prepares.
     values = entry.affine(flips(FLIPS).double(), torch.float64)
-    packed = bind.pack_fields({"t1_ms": T1, "t2_ms": T2})
-    static = bind._static(entry.program, packed.num_voxels, torch.float32, torch.device("cpu"))
-    event = tuple(v.to(torch.float32) for v in values)
-    inputs = event + packed.values + (None,) * len(nat.TABLES)
+    fields = {"t1_ms": T1, "t2_ms": T2}
+    static, inputs = bind.kernel_inputs(entry.program, pack_tissue(fields), fields, values=values)
     shifted = [flips(FLIPS, 1e-3 * i) for i in range(args.repeats)]
     run_us = median_us(lambda i: EpgSimulate.apply(static, *inputs), args.repeats)
     kernel_us = median_us(lambda i: kernels.forward(static, inputs), args.repeats)
@@ -107,7 +105,6 @@ def main() -> int:
     # of one description would time the cache (reported separately).
     fresh = [sim.describe(flip=shifted[i]) for i in range(10)]
     compile_ms = median_us(lambda i: compile_program(fresh[i], states=10), 5) / 1e3
-    fast_ms = median_us(lambda i: bind.compile_fast(fresh[5 + i], states=10), 5) / 1e3
     cached_us = median_us(lambda i: compile_program(fresh[0], states=10), 50)
 
     result = {
@@ -136,7 +133,6 @@ def main() -> int:
         "value_only_overhead_over_bare_kernel_us": call_us - kernel_us,
         "layout_and_description_ms": layout_ms,
         "compile_program_ms": compile_ms,
-        "compile_fast_ms": fast_ms,
         "compile_program_kept_us": cached_us,
     }
     host = f"{platform.node()}{os.cpu_count()}cpu-{args.voxels}vox"

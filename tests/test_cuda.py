@@ -21,9 +21,10 @@ import torch
 from conftest import carried_train, column_rel_err, folding_train, rel_max_err, shot_train
 
 from blochsim import engine
+from blochsim.engine.bind import kernel_inputs
 from blochsim.engine.functions import EpgSimulate
 from blochsim.engine.program import compile_program
-from blochsim.engine.simulate import bind
+from blochsim.engine.tissue import pack_tissue
 from blochsim.sequence import TissueProperties, mrf_description
 
 pytestmark = pytest.mark.cuda  # skipped without a card and a CUDA build (conftest)
@@ -233,7 +234,7 @@ def test_staged_samples_out_of_order(monkeypatch):
         t = tissue(device, n=4001)
         out[device] = []
         for p in (program, shuffled):
-            static, inputs, _ = bind(p, t, torch.float32)
+            static, inputs = kernel_inputs(p, pack_tissue(t), dict(t.items()))
             out[device].append(EpgSimulate.apply(static, *inputs))
     ordered, permuted = out["cuda"]
     assert torch.equal(permuted[:, perm], ordered)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from _fake_card import card, fake_card
 
-import blochsim.engine.bind as B
 import blochsim.engine.pools as PO
+import blochsim.engine.tissue as T
 from blochsim.simulators import MRFSimulator
 
 #: A short train: what is counted is the tissue work per call, not the physics.
@@ -28,9 +28,9 @@ POOLED = dict(poolB_fraction=0.15, poolB_exchange=10.0, poolB_T1=500.0, poolB_T2
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of pool table builds and free-water packings."""
+    """Counts of pool table builds and tissue packings."""
     counts = {"tables": 0, "packings": 0}
-    build, pack = PO._pool_tables, B._pack_fields
+    build, pack = PO._pool_tables, T._pack
 
     def tables(*args, **kwargs):
         counts["tables"] += 1
@@ -41,7 +41,7 @@ def counted(monkeypatch):
         return pack(*args, **kwargs)
 
     monkeypatch.setattr(PO, "_pool_tables", tables)
-    monkeypatch.setattr(B, "_pack_fields", packing)
+    monkeypatch.setattr(T, "_pack", packing)
     return counts
 
 

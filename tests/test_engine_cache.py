@@ -28,12 +28,13 @@ def test_constant_program_is_reused_with_its_device_values():
 def test_a_copy_with_other_values_does_not_reuse_the_device_values():
     import dataclasses
 
-    from blochsim.engine.simulate import bind
+    from blochsim.engine.bind import event_inputs
     d = mrf_description(FLIPS, 0.01)
     p = compile_program(d, states=16)
-    bind(p, TISSUE, torch.float32)
+    cpu = torch.device("cpu")
+    event_inputs(p, None, torch.float32, cpu)
     half = dataclasses.replace(p, flip_rad=p.flip_rad / 2)
-    _, inputs, _ = bind(half, TISSUE, torch.float32)
+    inputs = event_inputs(half, None, torch.float32, cpu)
     assert torch.allclose(inputs[2].double(), p.flip_rad / 2)
     p.num_states = 8  # a caller's own copy: the kept program is not changed
     assert compile_program(d, states=16).num_states == 16
@@ -113,7 +114,8 @@ def test_the_kernel_runs_without_autograd_only_when_nothing_is_differentiated():
 
 
 def test_pool_tables_are_kept_for_the_same_tissue_and_rebuilt_when_it_changes():
-    from blochsim.engine.pools import pool_model, pool_tables
+    from blochsim.engine.pools import pool_tables
+    from blochsim.engine.tissue import pack_tissue
     d = mrf_description(FLIPS, 0.01)
     fraction = torch.tensor([0.1, 0.2])
     tissue = TissueProperties(t1_ms=TISSUE.t1_ms, t2_ms=TISSUE.t2_ms, pool_b_fraction=fraction,
@@ -122,8 +124,8 @@ def test_pool_tables_are_kept_for_the_same_tissue_and_rebuilt_when_it_changes():
 
     def tables():
         lengths = torch.tensor([0.01, 0.0], dtype=torch.float64)  # a fresh tensor each call, as the engine's
-        return pool_tables(tissue, pool_model(tissue), (2,), lengths, program.sat_per_rad2, program.rf_hz,
-                           "super-lorentzian")
+        return pool_tables(dict(tissue.items()), pack_tissue(tissue).pools, (2,), lengths, program.sat_per_rad2,
+                           program.rf_hz, "super-lorentzian")
 
     first = engine.simulate(d, tissue, states=16)
     kept = tables()

@@ -23,10 +23,19 @@ from .._errors import check_device
 from ..sequence.columns import vector
 from ..sequence.description import SequenceDescription
 from ..sequence.tissue import TissueProperties
-from .bind import compile_fast, pack_fields, run, unroll, values_of
-from .bind import needs_complex as _needs_complex
-from .program import check_shims, check_states, default_states, shifts_per_repetition, split_trains
+from .bind import run
+from .program import (
+    check_shims,
+    check_states,
+    compile_program,
+    default_states,
+    shifts_per_repetition,
+    split_trains,
+    unroll,
+    values_of,
+)
 from .steady import simulate_steady
+from .tissue import pack_tissue, tissue_device
 from .vmap import loop_under_vmap
 
 __all__ = ["EpgEngine", "SimulationResult", "PackedDescription", "pack_description", "TissueProperties"]
@@ -84,8 +93,8 @@ class PackedDescription:
             elif self.record_every:
                 reps = 1  # every playing is laid out and recorded by `unroll`
                 states = states if states is not None else default_states(self.description, self.repetitions)
-            kept = compile_fast(self.description, repetitions=reps, record=self.record, states=states,
-                                complex_states=complex_states)
+            kept = compile_program(self.description, repetitions=reps, record=self.record, states=states,
+                                   complex_states=complex_states)
             if kept.sources is not None:
                 self._programs[complex_states] = kept
         return kept
@@ -110,13 +119,13 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
         raise ValueError(f"repetitions must be an integer >= 1 or 'auto' (steady state), got {repetitions!r}")
     if record_every and repetitions == "auto":
         raise ValueError("record_every=True records each of a finite number of playings; give repetitions=N")
-    nstates = check_states(nstates, "nstates")
+    states = check_states(nstates, "nstates")  # the public name is the engine's `nstates`; `states` inside
     check_shims(description)
     if rf_raster_time_s != 1e-6 and rf_raster_time_s != description.rf_raster_time_s:
         description = dataclasses.replace(description, rf_raster_time_s=rf_raster_time_s)
-    trains = tuple(PackedDescription(part, repetitions, record, nstates, bool(record_every))
+    trains = tuple(PackedDescription(part, repetitions, record, states, bool(record_every))
                    for part in split_trains(description) or ())
-    return PackedDescription(description, repetitions, record, nstates, bool(record_every), trains)
+    return PackedDescription(description, repetitions, record, states, bool(record_every), trains)
 
 
 def _tissue_fields(tissue: TissueProperties) -> dict:
@@ -160,33 +169,31 @@ class EpgEngine:
             raise TypeError(f"events must come from pack_description, got {type(events).__name__}")
         check_device(device)
         fields = _tissue_fields(tissue)
-        home = next((v.device for v in fields.values() if isinstance(v, torch.Tensor) and v.device.type != "cpu"),
-                    torch.device("cpu"))
+        home = tissue_device(fields)
         if device is not None and torch.device(device) != home:
             fields = {k: v.to(device) if isinstance(v, torch.Tensor) else torch.tensor(v, device=device)
                       for k, v in fields.items()}
         work = home if device is None else torch.device(device)
         # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 (engine.steady).
         dtype = torch.float64 if events.repetitions == "auto" and work.type == "cpu" else torch.float32
-        packed = pack_fields(fields, dtype=dtype, device=None if device is None else torch.device(device))
-        complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
-        runs = [_play(part, complex_states, packed, fields, dtype) for part in events.trains or (events,)]
+        packed = pack_tissue(fields, dtype=dtype, device=work)
+        runs = [_play(part, packed, fields) for part in events.trains or (events,)]
         signal = torch.stack([s for s, _ in runs]) if events.trains else runs[0][0]
         return _labelled(signal.to(home), runs[0][1], events)
 
 
-def _play(events: PackedDescription, complex_states: bool, packed, fields: dict, dtype) -> tuple:
+def _play(events: PackedDescription, packed, fields: dict) -> tuple:
     """(signal, program) of one packed train."""
-    program = events.program(complex_states)
-    values = values_of(program)
+    program = events.program(packed.phase_physics)
     if events.repetitions == "auto":
-        signal, _ = simulate_steady(program, values, shifts_per_repetition(events.description), packed, fields,
-                                    dtype=dtype)
+        signal, _ = simulate_steady(program, values_of(program), shifts_per_repetition(events.description), packed,
+                                    fields)
     elif events.record_every:
-        program, values = unroll(program, values, events.repetitions)
-        signal, _ = run(program, values, packed, fields, dtype=dtype)
+        played, values = unroll(program, values_of(program), events.repetitions)
+        signal, _ = run(played, packed, fields, values=values)
+        program = played
     else:
-        signal, _ = run(program, values, packed, fields, dtype=dtype)
+        signal, _ = run(program, packed, fields)
     return signal, program
 
 

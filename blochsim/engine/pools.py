@@ -15,46 +15,17 @@ to every pool property, to T1, T2, B0 and to the interval lengths.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from .._arrays import LastResult, broadcast_shapes
 from ..physics.lineshape import LINESHAPES, absorption_lineshape
-from ..sequence.tissue import POOL_LETTERS
+from ..sequence.tissue import IDENTITY
+from .tissue import PoolModel, tissue_device
 
-__all__ = ["PoolModel", "pool_model", "pool_tables", "interval_rows", "LINESHAPES"]
-
-
-@dataclass
-class PoolModel:
-    """Which pools a tissue has: water-like pool letters after free water, and the semisolid pool."""
-
-    letters: tuple  # exchanging pools present, in order b, c, d, e
-    semisolid: bool
-
-    @property
-    def num_transverse(self) -> int:
-        return 1 + len(self.letters)
-
-    @property
-    def num_longitudinal(self) -> int:
-        return self.num_transverse + int(self.semisolid)
-
-    @property
-    def pooled(self) -> bool:
-        return self.num_longitudinal > 1
-
-
-def _present(value) -> bool:
-    """A pool is present when its fraction is a tensor or a nonzero number (as in the oracle)."""
-    return isinstance(value, torch.Tensor) or float(value) != 0.0
-
-
-def pool_model(tissue) -> PoolModel:
-    letters = tuple(x for x in POOL_LETTERS if _present(getattr(tissue, f"pool_{x}_fraction")))
-    return PoolModel(letters, _present(tissue.bound_fraction))
+__all__ = ["pool_tables", "interval_rows", "expm", "LINESHAPES"]
 
 
 def _f64(value, device) -> torch.Tensor:
@@ -91,12 +62,14 @@ def interval_rows(dt_s: torch.Tensor, dt_wrap_s: torch.Tensor, interval_events, 
     return values, inverse[:E].contiguous(), int(inverse[E])
 
 
-def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2, rf_hz,
-                lineshape: str):
+def pool_tables(tissue: Mapping, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2,
+                rf_hz, lineshape: str):
     """Tables (L, r, T, zeq, sat) in float64, each with a leading voxel axis (V, or 1 when uniform).
 
-    `sat_per_rad2` [E] is the saturation constant S of each RF event's definition (0 elsewhere) and
-    `rf_hz` [E] its frequency offset; sat is None without a semisolid pool.
+    `tissue` maps engine fields to the values given (the others take their identity value); `model`
+    says which pools it has (`PackedTissue.pools`). `sat_per_rad2` [E] is the saturation constant S of
+    each RF event's definition (0 elsewhere) and `rf_hz` [E] its frequency offset; sat is None without a
+    semisolid pool.
     """
     if lineshape not in LINESHAPES:
         raise ValueError(f"lineshape must be one of {LINESHAPES}, got {lineshape!r}")
@@ -115,15 +88,15 @@ def pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.T
 _LAST_TABLES = LastResult()
 
 
-def _pool_tables(tissue, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2, rf_hz,
-                 lineshape: str):
+def _pool_tables(tissue: Mapping, model: PoolModel, voxel_shape: tuple, lengths_s: torch.Tensor, sat_per_rad2,
+                 rf_hz, lineshape: str):
     fields = {}
-    device = next((v.device for _, v in tissue.items() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    device = tissue_device(tissue)
     f64 = dict(dtype=torch.float64, device=device)
 
     def get(name):
         if name not in fields:
-            fields[name] = _f64(getattr(tissue, name), device)
+            fields[name] = _f64(tissue.get(name, IDENTITY.get(name)), device)
         return fields[name]
 
     f_pools = [get(f"pool_{x}_fraction") for x in model.letters]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import cmath
 import copy
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from ..sequence.columns import COLUMNS_KEY, columns_of
 from ..sequence.events import AdcRole, EventAction, EventType, trusted_event
 
 __all__ = ["Program", "TrainAxisError", "compile_program", "default_states", "shifts_per_repetition",
-           "split_trains"]
+           "split_trains", "windings", "values_of", "unroll"]
 
 _WINDING = int(EventAction.CRUSH_BEFORE | EventAction.CRUSH_AFTER | EventAction.SHIFT_AFTER)
 _RECORD_MODES = ("all", "acquired", "echo")
@@ -478,3 +479,47 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
         rf_hz=freqs,
         axis_phase_rad=axis,
     )
+
+
+def windings(program: Program) -> int:
+    """Shifts per repetition of a compiled program (as `shifts_per_repetition` counts them)."""
+    return _count_windings(program.action)
+
+
+def values_of(program: Program) -> tuple:
+    """The four value arrays of a program, float64: (dt_s [E], dt_wrap_s [1], flip_rad [E], phase_rad [E])."""
+    return program.dt_s, program.dt_wrap_s, program.flip_rad, program.phase_rad
+
+
+def unroll(program, values: tuple, playings: int, *, stride: int = 1):
+    """`playings x stride` playings of a program laid end to end, every `stride`-th recorded: (program, values).
+
+    Sample slot `k * S + s` is sample s of playing `(k + 1) * stride` (counting from 1). The first event of
+    every later playing waits the wrap interval, as in a program of that many repetitions. Every per-event
+    array of the program (including ones added after this was written) is tiled.
+    """
+    n = playings * stride
+    dt, dt_wrap, flip, phase = values
+    E, S = len(program.action), program.num_samples
+    later = torch.cat([dt_wrap.reshape(1), dt[1:]])
+    changes = {"num_repetitions": 1, "num_samples": playings * S}
+    for f in dataclasses.fields(program):
+        value = getattr(program, f.name)
+        if f.name == "record":
+            tiled = np.tile(value, n)
+            playing = np.repeat(np.arange(n), E)
+            kept = (tiled >= 0) & ((playing + 1) % stride == 0)
+            changes[f.name] = np.where(kept, tiled + ((playing + 1) // stride - 1) * S, -1).astype(np.int32)
+        elif f.name == "action":
+            tiled = np.tile(value, n) & ~nat.RECORD  # set again below where a slot is kept
+            if n > 1 and (bool(dt_wrap.detach()[0] != 0) or dt_wrap.requires_grad):
+                tiled[E::E] |= nat.INTERVAL
+            changes[f.name] = tiled.astype(np.int32)
+        elif f.name == "sample_events":
+            changes[f.name] = list(value) * playings
+        elif isinstance(value, np.ndarray) and value.shape[:1] == (E,):
+            changes[f.name] = np.tile(value, (n,) + (1,) * (value.ndim - 1))
+    unrolled = dataclasses.replace(program, **changes)
+    unrolled.action[unrolled.record >= 0] |= nat.RECORD
+    values = (torch.cat([dt] + [later] * (n - 1)), dt_wrap, flip.repeat(n), phase.repeat(n))
+    return unrolled, values

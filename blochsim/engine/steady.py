@@ -37,7 +37,8 @@ import torch
 
 from .. import _native as nat
 from .._arrays import differentiated
-from .bind import run, unroll
+from .bind import run
+from .program import unroll
 
 __all__ = ["wynn", "steady_state", "stride_for", "simulate_steady", "play_to_steady_state", "WINDING_PLAYINGS",
            "SETTLE_TIME_CONSTANTS"]
@@ -125,27 +126,18 @@ def steady_state(play, *, modes: int | None):
     return limit, dlimit
 
 
-_FRACTIONS = ("pool_b_fraction", "pool_c_fraction", "pool_d_fraction", "pool_e_fraction", "bound_fraction")
-
-
-def _present(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.requires_grad or bool((value.detach() != 0).any())
-    return float(value) != 0.0
-
-
 def simulate_steady(program, values: tuple, windings: int, packed, fields: dict, jacobian=(), *,
-                    dtype: torch.dtype = torch.float64, keep_double: bool = False):
+                    keep_double: bool = False):
     """The steady state of `program` (compiled for one playing) on tissue `fields`.
 
-    `packed` is `bind.pack_fields(fields, dtype=dtype, active=jacobian)` (None for pooled tissue);
-    `windings` the shifts per playing (0: the exact fixed point). `dtype` float64 extrapolates float64
-    playings (the host build); float32, the only precision of the CUDA build, plays the train until it
-    has settled (`play_to_steady_state`). Returns (signal complex64 [*voxel, S], J complex64 [*voxel, P, S]
-    or None); complex128 with `keep_double` (a caller that asked for float64 results, float64 playings).
+    `packed` is `engine.tissue.pack_tissue(fields, active=jacobian)`; `windings` the shifts per playing
+    (0: the exact fixed point). A float64 packing extrapolates float64 playings (the host build); float32,
+    the only precision of the CUDA build, plays the train until it has settled (`play_to_steady_state`).
+    Returns (signal complex64 [*voxel, S], J complex64 [*voxel, P, S] or None); complex128 with
+    `keep_double` (a caller that asked for float64 results, float64 playings).
     """
-    if dtype != torch.float64:
-        return play_to_steady_state(program, values, packed, fields, jacobian, dtype=dtype)
+    if packed.dtype != torch.float64:
+        return play_to_steady_state(program, values, packed, fields, jacobian)
     dt, dt_wrap = values[0].detach(), values[1].detach()
     playing_s = float(dt.sum() - dt[0] + dt_wrap[0])
     times = [torch.as_tensor(value).detach() for name, value in fields.items()
@@ -154,13 +146,12 @@ def simulate_steady(program, values: tuple, windings: int, packed, fields: dict,
     stride = stride_for(playing_s, slowest)
     modes = None
     if windings == 0:
-        present = [f for f in _FRACTIONS if f in fields and _present(fields[f])]
-        modes = 3 * (1 + sum(f != "bound_fraction" for f in present)) + ("bound_fraction" in present)
+        modes = 3 * packed.pools.num_transverse + int(packed.pools.semisolid)
     S = program.num_samples
 
     def play(n):
         unrolled, unrolled_values = unroll(program, values, n, stride=stride)
-        signal, jac = run(unrolled, unrolled_values, packed, fields, dtype=torch.float64, jacobian=jacobian)
+        signal, jac = run(unrolled, packed, fields, values=unrolled_values, jacobian=jacobian)
         voxel = signal.shape[:-1]
         seq = signal.reshape(voxel + (n, S)).movedim(-2, 0)
         if jac is None:
@@ -172,19 +163,19 @@ def simulate_steady(program, values: tuple, windings: int, packed, fields: dict,
     return limit.to(out), None if dlimit is None else dlimit.movedim(0, -2).to(out)
 
 
-def _relaxation_times_ms(fields: dict) -> list:
-    """The relaxation times of the pools `fields` has (tensors or numbers, ms): free water's T1 and T2, each
-    exchanging pool's, and the semisolid pool's T1 (its T2 shapes the saturation line, it does not decay)."""
+def _relaxation_times_ms(fields: dict, pools) -> list:
+    """The relaxation times of the pools the tissue has (`pools`, tensors or numbers, ms): free water's T1 and
+    T2, each exchanging pool's, and the semisolid pool's T1 (its T2 shapes the saturation line, it does not
+    decay)."""
     names = ["t1_ms", "t2_ms"]
-    for letter in "bcde":
-        if f"pool_{letter}_fraction" in fields and _present(fields[f"pool_{letter}_fraction"]):
-            names += [f"t1_pool_{letter}_ms", f"t2_pool_{letter}_ms"]
-    if "bound_fraction" in fields and _present(fields["bound_fraction"]):
+    for letter in pools.letters:
+        names += [f"t1_pool_{letter}_ms", f"t2_pool_{letter}_ms"]
+    if pools.semisolid:
         names.append("t1_bound_ms")
     return [fields[name] for name in names if name in fields]
 
 
-def play_to_steady_state(program, values: tuple, packed, fields: dict, jacobian=(), *, dtype=torch.float32):
+def play_to_steady_state(program, values: tuple, packed, fields: dict, jacobian=()):
     """The steady state of `program` (compiled for one playing) by playing it until the transient has died
     out: `SETTLE_TIME_CONSTANTS` of the slowest relaxation time of `fields`, in whole playings, then the
     last playing's samples (see the module doc). Returns `run`'s (signal [*voxel, S], J [*voxel, P, S] or
@@ -194,7 +185,7 @@ def play_to_steady_state(program, values: tuple, packed, fields: dict, jacobian=
     zero duration. Costs one host read of the playing's duration and the longest relaxation time.
     """
     dt, dt_wrap = values[0].detach(), values[1].detach()
-    times = [torch.as_tensor(t).detach() for t in _relaxation_times_ms(fields)]
+    times = [torch.as_tensor(t).detach() for t in _relaxation_times_ms(fields, packed.pools)]
     longest = [t.max().to(device=dt.device, dtype=torch.float64) for t in times if t.numel()]
     zero = dt.new_zeros((), dtype=torch.float64)  # no voxels: nothing to wait for
     playing_s, slowest_ms, wrap_s = torch.stack([(dt.sum() - dt[0] + dt_wrap[0]).to(torch.float64),
@@ -212,4 +203,4 @@ def play_to_steady_state(program, values: tuple, packed, fields: dict, jacobian=
     if playings > 1 and (wrap_s != 0 or differentiated(values[1])):  # the wait between playings
         action[0] |= nat.INTERVAL
     played = dataclasses.replace(program, action=action, num_repetitions=playings, bound={})
-    return run(played, values, packed, fields, dtype=dtype, jacobian=jacobian)
+    return run(played, packed, fields, values=values, jacobian=jacobian)

@@ -1,26 +1,33 @@
-"""Tissue packing: named properties -> flat per-voxel buffers for the kernels (DESIGN.md section 3).
+"""Tissue checks and packing: named properties -> flat per-voxel buffers for the kernels (DESIGN.md section 3).
+
+The one packing of the engine: `engine.simulate`, `EpgEngine` and `Simulator` all pack through
+`pack_tissue`, which checks every property given (`check_tissue`, under the caller's names) and reads
+which maps sit at their identity value in one host sync.
 
 A property left at its identity value is not sent (null pointer: its physics is off). A property given
 as a tensor is sent as one value broadcast to every voxel (stride 0) when it holds one element, else
 expanded to the voxel shape and flattened; the expansion is a torch op, so autograd sums gradients back
-over broadcast axes.
+over broadcast axes. A pool is present when its fraction is nonzero somewhere or carries a derivative.
+
+Work runs on one device (`tissue_device`): the device of the first tissue tensor off the CPU, else the
+CPU, unless the caller names one.
 """
 
 from __future__ import annotations
 
 import cmath
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from .. import _native as nat
-from .._arrays import LastResult, broadcast_shapes
-from ..sequence.tissue import IDENTITY, TissueProperties
-from .program import differentiated
+from .._arrays import LastResult, broadcast_shapes, differentiated
+from ..sequence.tissue import IDENTITY, POOL_LETTERS, TissueProperties
 
-__all__ = ["PackedTissue", "pack_tissue", "check_tissue", "check_values", "Accepted", "FIELD_RANGES",
-           "TIME_FIELDS"]
+__all__ = ["PackedTissue", "PoolModel", "pack_tissue", "tissue_device", "check_tissue", "check_values", "Accepted",
+           "FIELD_RANGES", "TIME_FIELDS", "broadcast_error"]
 
 #: Relaxation times: NaN or negative is an error; 0 (clamped to 1e-6 ms: it relaxes at once) and inf (it
 #: never relaxes) are allowed.
@@ -80,22 +87,6 @@ FIELD_RANGES = {
         (f"t1_pool_{p}_ms", _time("inf: no T1 recovery")), (f"t2_pool_{p}_ms", _time("inf: no T2 decay")),
         (f"pool_{p}_shift_hz", _finite("Hz")))},
 }
-
-
-@dataclass
-class PackedTissue:
-    voxel_shape: tuple
-    num_voxels: int
-    values: tuple  # NUM_TISSUE entries: a [V] or [1] tensor of the kernel dtype, or None (identity)
-    phase_physics: bool  # B0, B1phase or v present: the complex path is needed
-
-
-def _is_identity(value, identity) -> bool:
-    if isinstance(value, torch.Tensor):
-        if differentiated(value):
-            return False  # a differentiated property is active even at its identity value
-        return bool((value == identity).all()) if value.numel() else True
-    return float(value) == identity
 
 
 def _inside(t: torch.Tensor, accepted: Accepted) -> torch.Tensor:
@@ -202,59 +193,139 @@ def check_tissue(fields: dict, names: dict | None = None, extra=()) -> list:
     return flags
 
 
-def pack_tissue(
-    tissue: TissueProperties, *, dtype: torch.dtype = torch.float32, device=None, active=()
-) -> PackedTissue:
-    """Pack the free-water properties of `tissue` for the kernels (pool model 0).
+def broadcast_error(shapes: dict) -> ValueError:
+    """ValueError naming every property with its shape and the first pair that does not broadcast."""
+    names = list(shapes)
+    pair = None
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            try:
+                broadcast_shapes(shapes[a], shapes[b])
+            except ValueError:
+                pair = (a, b)
+                break
+        if pair:
+            break
+    given = ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
+    conflict = f"; {pair[0]} {tuple(shapes[pair[0]])} and {pair[1]} {tuple(shapes[pair[1]])} conflict" if pair else ""
+    return ValueError(f"tissue properties must broadcast against each other (NumPy rules): {given}{conflict}")
 
-    Fields named in `active` are sent even at their identity value (a Jacobian needs them). T2'
-    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`). The
-    last packing is kept while its tensors are the same and unmodified (`LastResult`): its checks sync.
+
+def tissue_device(fields: Mapping) -> torch.device:
+    """Where work on this tissue runs: the device of the first tensor off the CPU, else the CPU."""
+    for value in fields.values():
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.device
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class PoolModel:
+    """Which pools a tissue has: water-like pool letters after free water, and the semisolid pool."""
+
+    letters: tuple  # exchanging pools present, in order b, c, d, e
+    semisolid: bool
+
+    @property
+    def num_transverse(self) -> int:
+        return 1 + len(self.letters)
+
+    @property
+    def num_longitudinal(self) -> int:
+        return self.num_transverse + int(self.semisolid)
+
+    @property
+    def pooled(self) -> bool:
+        return self.num_longitudinal > 1
+
+
+@dataclass
+class PackedTissue:
+    voxel_shape: tuple
+    num_voxels: int
+    values: tuple  # NUM_TISSUE entries: a [V] or [1] tensor of the kernel dtype, or None (identity)
+    phase_physics: bool  # B0, B1phase, v or a pool shift given: the complex path is needed
+    pools: PoolModel
+    dtype: torch.dtype  # of the buffers: the kernels' number type
+    device: torch.device  # where the buffers are
+
+
+#: Fields always sent, whatever their value: the relaxation times of free water.
+_ALWAYS = ("t1_ms", "t2_ms")
+_PHASE_FIELDS = ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
+_POOL_SHIFTS = tuple(f"pool_{x}_shift_hz" for x in POOL_LETTERS)
+
+
+def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, active=(), names=None) -> PackedTissue:
+    """Pack `tissue` for the kernels: a `TissueProperties`, or a mapping `{engine field: number or tensor}`
+    of the fields given (`t1_ms` and `t2_ms` among them; the others default to their identity value).
+
+    Every field given is checked (`check_tissue`: NaN, a negative time, fractions past 1, ...) and a
+    ValueError names it by `names` (engine field -> the caller's public name). Fields named in
+    `active` are sent, and count as present, even at their identity value (a Jacobian needs them). T2'
+    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`).
+    Buffers are made on `device` (default: `tissue_device`). One host sync.
+
+    The last packing is kept while its tensors are the same and unmodified and nothing is differentiated
+    (`LastResult`): a loop that changes only the sequence packs and checks its tissue once.
     """
+    device = None if device is None else torch.device(device)
     settings = (dtype, device, tuple(active))
     owner = tissue if isinstance(tissue, TissueProperties) else None
     kept = _LAST_PACKING.kept_for(owner, settings) if owner is not None else None
     if kept is None:
-        kept, key = _LAST_PACKING.lookup(settings, tissue.items())
+        fields = dict(tissue.items())
+        kept, key = _LAST_PACKING.lookup(settings, fields.items())
         if kept is None:
-            kept = _pack_tissue(tissue, dtype, device, active)
-        _LAST_PACKING.keep(key, kept, owner=owner)
+            kept = _pack(fields, dtype, tissue_device(fields) if device is None else device, active, names or {})
+            _LAST_PACKING.keep(key, kept, owner=owner)
+        elif owner is not None:  # kept for this object: the next call of it skips the walk over its fields
+            _LAST_PACKING.keep(key, kept, owner=owner)
     return kept
 
 
 _LAST_PACKING = LastResult()
 
 
-def _pack_tissue(tissue: TissueProperties, dtype, device, active) -> PackedTissue:
-    check_tissue(dict(tissue.items()))
-    raw = {}
-    for name in nat.TISSUE_PARAMS:
-        value = getattr(tissue, name)
-        if name in ("t1_ms", "t2_ms") or name in active or not _is_identity(value, IDENTITY[name]):
-            raw[name] = value
-    shapes = [v.shape for _, v in tissue.items() if isinstance(v, torch.Tensor)]
+def _pack(fields: dict, dtype, device, active, names: dict) -> PackedTissue:
+    shapes, checks, flagged = {}, [], []
+    for field, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            shapes[names.get(field, field)] = value.shape
+            if field not in _ALWAYS and field not in active and not differentiated(value):
+                checks.append((value.detach() != IDENTITY[field]).any())
+                flagged.append(field)
+    # Every given property is checked under the caller's names; the same host sync reads which maps differ
+    # from their identity value.
+    differs = dict(zip(flagged, check_tissue(fields, names, checks), strict=True))
+
+    def acts(field: str) -> bool:
+        """Whether `field` switches its physics on: given, and active, differentiated or off its identity."""
+        value = fields.get(field)
+        if value is None:
+            return field in active
+        if field in _ALWAYS or field in active:
+            return True
+        if isinstance(value, torch.Tensor):
+            return differs.get(field, True)  # not flagged: differentiated
+        return float(value) != IDENTITY[field]
+
     try:
-        voxel_shape = broadcast_shapes(*shapes)
+        voxel_shape = broadcast_shapes(*shapes.values())
     except ValueError:
-        given = ", ".join(f"{k} {tuple(v.shape)}" for k, v in tissue.items() if isinstance(v, torch.Tensor))
-        raise ValueError(f"tissue properties do not broadcast against each other: {given}") from None
+        raise broadcast_error(shapes) from None
     num_voxels = math.prod(voxel_shape)
     values = []
-    for name in nat.TISSUE_PARAMS:
-        if name not in raw:
+    for field in nat.TISSUE_PARAMS:
+        if not acts(field):
             values.append(None)
             continue
-        value = raw[name]
+        value = fields.get(field, IDENTITY.get(field))
         if isinstance(value, torch.Tensor):
             t = value.to(device=device, dtype=dtype)
         else:
-            t = torch.tensor(value, dtype=dtype, device=device)
-        if t.numel() == 1:
-            values.append(t.reshape(1))
-        else:
-            values.append(t.expand(voxel_shape).reshape(-1).contiguous())
-    phase = any(name in raw for name in ("b0_hz", "b1_phase_rad", "velocity_m_per_s"))
-    phase = phase or any(
-        not _is_identity(getattr(tissue, f"pool_{x}_shift_hz"), 0.0) for x in "bcde"
-    )
-    return PackedTissue(voxel_shape, num_voxels, tuple(values), phase)
+            t = torch.full((1,), float(value), dtype=dtype, device=device)
+        values.append(t.reshape(1) if t.numel() == 1 else t.expand(voxel_shape).reshape(-1).contiguous())
+    pools = PoolModel(tuple(x for x in POOL_LETTERS if acts(f"pool_{x}_fraction")), acts("bound_fraction"))
+    phase = any(acts(f) for f in _PHASE_FIELDS + _POOL_SHIFTS)
+    return PackedTissue(voxel_shape, num_voxels, tuple(values), phase, pools, dtype, device)

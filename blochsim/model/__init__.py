@@ -7,7 +7,7 @@ tissue names (PUBLIC_FIELDS); `layout()` converts units when it calls operators.
 Calls that change only values are cheap: the structure of a layout is keyed by its structural arguments
 (Python numbers, strings, the shapes of arrays) and the run settings. The first call of a key walks the
 layout and compiles it; the second resolves the program's values as an affine map of the protocol
-tensors (`blochsim.engine.bind.AffineValues`), checked against the first call's values; later calls
+tensors (`blochsim.engine.affine.AffineValues`), checked against the first call's values; later calls
 evaluate that map and call the kernels directly (docs/design.md, "Structure resolution").
 
 The package: `vocabulary` (public names, units, settings, `SpinPhysics`, `EventOperators`), `simulator`

@@ -16,10 +16,10 @@ import torch.autograd.forward_ad as fwAD
 from .._errors import check_device, missing_property
 from .._execution import active, applied, as_policy
 from .._multi_device import train_placement
-from ..engine.bind import needs_complex as _needs_complex
-from ..engine.bind import pack_fields, run, values_of
-from ..engine.program import TrainAxisError
+from ..engine.bind import run
+from ..engine.program import TrainAxisError, values_of
 from ..engine.steady import simulate_steady
+from ..engine.tissue import pack_tissue, tissue_device
 from .placement import _on_device
 from .vocabulary import DTYPES, PUBLIC_FIELDS
 
@@ -82,10 +82,8 @@ class EngineDispatch:
         device (to `device=` if there are none). An execution policy moves no tissue here: the kernel layer
         runs each chunk where the policy says, staging its inputs there and its results back.
         """
-        home = None
-        for value in fields.values():  # any tensor off the CPU decides; scalars became CPU tensors
-            if isinstance(value, torch.Tensor) and (home is None or value.device.type != "cpu"):
-                home = value.device
+        tensors = any(isinstance(value, torch.Tensor) for value in fields.values())  # scalars became CPU tensors
+        home = tissue_device(fields) if tensors else None
         target = settings.get("device")
         device = torch.device(target) if target is not None else (home or torch.device("cpu"))
         return device, home or device
@@ -121,20 +119,18 @@ class EngineDispatch:
         # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 only, and there
         # it plays the train until the transient has died out (engine.steady).
         dtype = torch.float64 if double or (auto and host_kernels) else torch.float32
-        packed = pack_fields(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
-        complex_states = packed.phase_physics if packed is not None else _needs_complex(fields)
+        packed = pack_tissue(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
         try:
             program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
-                                                               complex_states, dtype, device)
+                                                               packed.phase_physics, dtype, device)
         except TrainAxisError as trains:
-            signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, complex_states,
-                                           packed, fields, jacobian, dtype, double)
+            signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, packed, fields,
+                                           jacobian, double)
         else:
             if auto:
-                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, dtype=dtype,
-                                              keep_double=double)
+                signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, keep_double=double)
             else:
-                signal, jac = run(program, values, packed, fields, dtype=dtype, jacobian=jacobian, wrapped=wrapped)
+                signal, jac = run(program, packed, fields, values=values, wrapped=wrapped, jacobian=jacobian)
         if home != device:  # results return to the tissue tensors' device
             signal, jac = signal.to(home), None if jac is None else jac.to(home)
         if request is None:
@@ -142,19 +138,18 @@ class EngineDispatch:
         request.result = (signal, jac)
         return request.output()
 
-    def _run_trains(self, parts, protocol, states, repetitions, record, complex_states, packed, fields, jacobian,
-                    dtype, double=False):
+    def _run_trains(self, parts, protocol, states, repetitions, record, packed, fields, jacobian, double=False):
         """(signal, J) of a layout whose event values carry a train axis: one program per train of
         `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
         is walked and each train compiled on every call."""
         args = None if self._stored is not None else protocol
         runs = []
         for index, part in enumerate(parts):
-            program, windings = self._compiled(part, args, states, repetitions, record, complex_states)
+            program, windings = self._compiled(part, args, states, repetitions, record, packed.phase_physics)
             with train_placement(index, len(parts)):  # distribute(devices): this train's device
                 if repetitions == "auto":
                     runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,
-                                                dtype=dtype, keep_double=double))
+                                                keep_double=double))
                 else:
-                    runs.append(run(program, values_of(program), packed, fields, dtype=dtype, jacobian=jacobian))
+                    runs.append(run(program, packed, fields, jacobian=jacobian))
         return torch.stack([s for s, _ in runs]), None if not jacobian else torch.stack([j for _, j in runs])

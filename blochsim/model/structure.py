@@ -14,7 +14,8 @@ from collections import OrderedDict
 import torch
 
 from .. import _native as nat
-from ..engine.bind import AffineValues, compile_fast, values_of, windings
+from ..engine.affine import AffineValues
+from ..engine.program import compile_program, values_of, windings
 from .arguments import _hashable
 from .placement import _protocol_vector, _unchanged, _versions, on_host
 from .vocabulary import _CACHE_SIZE
@@ -186,10 +187,10 @@ class StructureCache:
     def _compiled(self, description, args, states, repetitions, record, complex_states):
         """`description` compiled for a call: (program, windings per repetition, for 'auto' only)."""
         if repetitions == "auto":  # one playing; the orders for many
-            program = compile_fast(description, record=record, states=states or 1, complex_states=complex_states)
+            program = compile_program(description, record=record, states=states or 1, complex_states=complex_states)
             if states is None:
                 program.num_states = max(8, min(64, 1 + (1 << 20) * windings(program)))
             return self._rotated(program, args), windings(program)
-        program = compile_fast(description, repetitions=repetitions, record=record, states=states,
-                               complex_states=complex_states)
+        program = compile_program(description, repetitions=repetitions, record=record, states=states,
+                                  complex_states=complex_states)
         return self._rotated(program, args), None

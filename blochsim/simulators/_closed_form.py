@@ -24,8 +24,7 @@ import torch
 
 from .._arrays import broadcast_shapes
 from .._errors import missing_property
-from ..engine.bind import broadcast_error
-from ..engine.tissue import FIELD_RANGES, Accepted, check_values
+from ..engine.tissue import FIELD_RANGES, Accepted, broadcast_error, check_values
 from ..model import PUBLIC_FIELDS, UNITS, Simulator
 
 __all__ = ["ClosedForm", "Arranged"]
