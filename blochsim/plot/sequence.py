@@ -44,4 +44,6 @@ def sequence(description: Any, axis: Any = None, *, upto_s: float | None = None)
         axis.plot(adc_ms, [0.0] * len(adc_ms), "rv", label="ADC")
     axis.set_xlabel("time (ms)")
     axis.set_ylabel("flip (deg)")
+    if rf_ms or adc_ms:
+        axis.legend(loc="upper right", fontsize="small")
     return axis
