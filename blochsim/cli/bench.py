@@ -38,7 +38,7 @@ def _cases(text: str | None) -> list | None:
     return names
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Time the benchmark cases on this machine.", epilog="""\b
 Examples:
   blochsim bench                                   # the CPU cases at their recorded sizes (about a minute)
   blochsim bench --quick                           # each case at a tenth of its size, no reference ratio

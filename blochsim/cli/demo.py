@@ -12,7 +12,7 @@ from ._common import plotting, reports_errors
 __all__ = ["demo"]
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Simulate an MRF dictionary on defaults and print its timing.", epilog="""\b
 Examples:
   blochsim demo                                  # 10,000 tissues x 500 repetitions, 32 orders
   blochsim demo --tissues 400 --repetitions 200 --plot demo.png

@@ -182,7 +182,7 @@ def _write_h5(tmp: Path, small: dict, chunks: list, shape: tuple, dtype: np.dtyp
             start += block.shape[0]
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Simulate a dictionary over a grid or random tissues (resumable).", epilog="""\b
 Examples:
   blochsim dictionary mrf -p flip=5:60:500 -p TR=10 -p TI=20 --states 32 \\
       --grid T1=200:3000:60:log --grid T2=10:300:40:log -o mrf_dictionary.npz

@@ -63,7 +63,7 @@ def _write_maps(output: Path, maps: dict, metadata: dict, png: str | None) -> No
 _MAP_OUTPUTS = (".npz", ".h5", ".hdf5")
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Match a signal volume to a dictionary: parameter maps.", epilog="""\b
 Examples:
   blochsim dictionary mrf -p flip=5:60:500 -p TR=10 --grid T1=200:3000:60:log --grid T2=10:300:40:log -o dict.npz
   blochsim match volume.npy dict.npz -o maps.npz --png maps.png
@@ -134,7 +134,7 @@ def _range(name: str, text) -> tuple:
     return low, high
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Fit a simulator to a signal volume by least squares: maps.", epilog="""\b
 Examples:
   blochsim fit volume.npy mrf -p flip=@flips.npy -p TR=10 --range T1=100:4000 --range T2=5:500 \\
       -o maps.npz --png maps.png

@@ -75,7 +75,7 @@ def _cuda() -> list:
     return lines
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Show the version, kernels, CUDA package and devices, threads.", epilog="""\b
 Example:
   blochsim info
 """)

@@ -93,7 +93,7 @@ def _list() -> None:
         click.echo("  " + signature_line(short, cls))
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Simulate a shipped simulator to a .npy/.npz/.h5 file.", epilog="""\b
 Examples:
   blochsim simulate --list
   blochsim simulate mrf -p flip=5:60:100 -p TR=10 -t T1=800,1200 -t T2=80 -o signal.npy
