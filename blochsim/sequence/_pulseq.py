@@ -189,7 +189,6 @@ class _Reader:
             raise ValueError(f"[GRADIENTS] line {line}: arbitrary gradients are timed on GradientRasterTime, which "
                              "[DEFINITIONS] does not give")
         self.durations_s = self.blocks[:, 1] * self.block_raster_s
-        self.starts_s = np.concatenate([[0.0], np.cumsum(self.durations_s)[:-1]])
         self.gradients = GradientLibrary(file, grad_raster or 1e-5)
         self.has_rf, self.has_adc = self.blocks[:, 2] != 0, self.blocks[:, 6] != 0
         both = np.flatnonzero(self.has_rf & self.has_adc)
@@ -213,7 +212,8 @@ class _Reader:
         col = rf.column
         self.rf_amplitude = col("amplitude_hz")
         self.rf_triple = np.column_stack([col("mag_id"), col("phase_id"), col("time_id")]).astype(np.int64)
-        self.rf_delay_s = col("delay_us") * 1e-6
+        self.rf_delay_us = col("delay_us")
+        self.rf_delay_s = self.rf_delay_us * 1e-6
         negative = np.flatnonzero((self.rf_delay_s < 0) | (self.rf_triple[:, 0] == 0))
         if negative.size:
             raise ValueError(f"[RF] line {rf.lines[negative[0]]}: a pulse needs a magnitude shape (id >= 1) and a "
@@ -233,8 +233,10 @@ class _Reader:
             self.rf_centre_s[rows] = envelope.centre_s
             self.rf_integral[rows] = envelope.integral
             self.rf_end_s[rows] = envelope.end_s
+        self.rf_centre_us = self.rf_centre_s * 1e6
         if file.version[1] >= 5:
-            self.rf_centre_s = col("center_us") * 1e-6
+            self.rf_centre_us = col("center_us")
+            self.rf_centre_s = self.rf_centre_us * 1e-6
         self.rf_flip_rad = 2 * np.pi * np.abs(self.rf_amplitude * self.rf_integral)
         self.rf_blocks = np.flatnonzero(self.has_rf)
         self.rf_block_rows = rf.rows_of(self.blocks[self.rf_blocks, 2])[0]
@@ -269,8 +271,8 @@ class _Reader:
         if adc_blocks.size:
             adc = file.tables["ADC"]
             rows = adc.rows_of(blocks[adc_blocks, 6])[0]
-            num, dwell_s, delay_s = adc.column("num")[rows], adc.column("dwell_ns")[rows] * 1e-9, \
-                adc.column("delay_us")[rows] * 1e-6
+            self.adc_dwell_ns, self.adc_delay_us = adc.column("dwell_ns")[rows], adc.column("delay_us")[rows]
+            num, dwell_s, delay_s = adc.column("num")[rows], self.adc_dwell_ns * 1e-9, self.adc_delay_us * 1e-6
             bad = np.flatnonzero((num < 1) | (dwell_s <= 0) | (delay_s < 0))
             if bad.size:
                 raise ValueError(f"[ADC] line {adc.lines[rows[bad[0]]]}: a readout takes num >= 1 samples, a dwell "
@@ -304,11 +306,12 @@ class _Reader:
         areas = self.gradients.areas(ids.reshape(-1)).reshape(n, 3)
         before = np.zeros((n, 3))
         sign = np.ones(n)
-        self.rf_tau_s = np.zeros(0)
+        self.rf_tau_s = self.rf_tau_us = np.zeros(0)
         self.rf_gradient = np.zeros((0, 3))
         if self.rf_blocks.size:
             rows = self.rf_block_rows
             self.rf_tau_s = self.rf_delay_s[rows] + self.rf_centre_s[rows]
+            self.rf_tau_us = self.rf_delay_us[rows] + self.rf_centre_us[rows]
             taus = np.repeat(self.rf_tau_s[:, None], 3, axis=1)
             integral, value = self.gradients.evaluate(ids[self.rf_blocks], taus)
             before[self.rf_blocks] = integral
@@ -378,7 +381,9 @@ class _Reader:
                              "definition TRRef) to say which repetition to read")
 
     def _events(self, window: np.ndarray, size: int) -> tuple:
-        origin_s = self.starts_s[window[0]]
+        # Block starts in whole rasters, then us: timestamps carry no rounding of sums in s
+        rasters = np.concatenate([[0], np.cumsum(self.blocks[window, 1])[:-1]])
+        raster_us = self.block_raster_s * 1e6
         rf_at = {int(b): k for k, b in enumerate(self.rf_blocks)} if self.rf_blocks.size else {}
         adc_at = {int(b): k for k, b in enumerate(self.adc_blocks)} if self.adc_blocks.size else {}
         echo_at_offset = np.zeros(size, dtype=bool)
@@ -389,9 +394,9 @@ class _Reader:
         centre_role = len(readouts) > 1 and len(echoes) == 1
         self._definitions, self._definition_of = {}, {}
         events = []
-        for b in window:
+        for offset, b in enumerate(window):
             b = int(b)
-            start_us = (self.starts_s[b] - origin_s) * 1e6
+            start_us = float(rasters[offset] * raster_us)
             if b in rf_at:
                 events.append(self._rf_event(rf_at[b], start_us))
             elif b in adc_at:
@@ -417,7 +422,7 @@ class _Reader:
         gradient = 0.0 if gradient < SLICE_GRADIENT_FLOOR_HZ_PER_M else gradient
         use = RfUse(int(self.rf_block_use[k]))
         definition = self._definition(k, row, gradient, use)
-        time_us = start_us + float(self.rf_tau_s[k]) * 1e6
+        time_us = start_us + float(self.rf_tau_us[k])
         params = (definition, use, float(self.rf_flip_rad[row]), phase, frequency, 0, gradient)
         return trusted_event(EventType.RF, time_us, params, EventAction.NONE)
 
@@ -439,7 +444,7 @@ class _Reader:
                                      f"the readout {self.adc_num[k]}")
                 phase += float(modulation[min(int(c), modulation.size - 1)])
         phase += 2 * math.pi * frequency * c * dwell_s  # the receiver turns from the readout's start
-        time_us = start_us + (float(self.adc_delay_s[k]) + c * dwell_s) * 1e6
+        time_us = start_us + float(self.adc_delay_us[k]) + c * float(self.adc_dwell_ns[k]) * 1e-3
         params = (role, phase, bool(echo))
         return trusted_event(EventType.ADC, time_us, params, EventAction.NONE)
 

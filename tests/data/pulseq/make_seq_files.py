@@ -6,7 +6,8 @@ itself: the `_v14` files by pypulseq 1.4.2 (format 1.4.2; MPRAGE, whose script n
 pypulseq 1.5's 1.4.1 writer), the `_v15` files by pypulseq 1.5 (format 1.5.0). pypulseq ships no
 bSSFP script; `write_bssfp` below follows Pulseq's writeTrufi demo (alternating RF phase, balanced
 gradients, readout centred in the repetition). Each file carries `TRSize`, the blocks of one
-repetition, added to its definitions just before it is written.
+repetition (for the bSSFP two of its TRs, so that a repetition holds the phase cycle), added to its
+definitions just before it is written.
 
 `<name>.json` holds what pypulseq 1.5's reader makes of the file, so that the tests can hold our
 reader to it without pypulseq installed: block durations, the centre time and use of every pulse,
@@ -44,7 +45,7 @@ CASES = {
     "tse": ("write_tse.py", {r"Nx, Ny = 128, 128": "Nx, Ny = 16, 16", r"n_echo = 16": "n_echo = 4"}, 6 + 4 * 4),
     "epi": ("write_epi.py", {r"Nx = 64": "Nx = 16", r"Ny = 64": "Ny = 16", r"n_slices = 3": "n_slices = 1"}, None),
     "mprage": ("write_MPRAGE.py", {r"N = \[192, 240, 256\]": "N = [12, 3, 32]"}, 2 + 2 * 12 + 1),
-    "bssfp": (None, {}, 4),
+    "bssfp": (None, {}, 8),  # two repetitions of 4 blocks: the RF phase alternates (0, pi) from one to the next
 }
 
 
@@ -138,7 +139,7 @@ def pypulseq_view(path: Path) -> dict:
         block = seq.get_block(b)
         if block.rf is not None:
             pulses.append({"block": index, "centre_s": float(starts[index] + block.rf.delay + block.rf.center),
-                           "use": block.rf.use})
+                           "use": block.rf.use, "phase_rad": float(block.rf.phase_offset)})
         if block.adc is not None:
             n = int(block.adc.num_samples)
             k = k_adc[:, sample:sample + n]
@@ -146,7 +147,9 @@ def pypulseq_view(path: Path) -> dict:
             closest = int(np.argmin((k[swept] ** 2).sum(axis=0))) if swept.any() else 0
             readouts.append({"block": index, "closest_s": float(t_adc[sample + closest]),
                              "k_per_m": float(np.sqrt((k[:, closest] ** 2).sum())),
-                             "dwell_s": float(block.adc.dwell)})
+                             "k_unswept_per_m": float(np.sqrt((k[~swept, closest] ** 2).sum())),
+                             "centre_s": float(starts[index] + block.adc.delay + n * block.adc.dwell / 2),
+                             "dwell_s": float(block.adc.dwell), "phase_rad": float(block.adc.phase_offset)})
             sample += n
     return {"pypulseq": pp.__version__, "durations_s": durations, "pulses": pulses, "readouts": readouts,
             "definitions": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in seq.definitions.items()}}
@@ -156,8 +159,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pypulseq-14", help="a folder holding pypulseq 1.4.2 (pip install --target)")
     parser.add_argument("--examples", help="pypulseq 1.4.2's seq_examples/scripts (default: in --pypulseq-14)")
+    parser.add_argument("--views-only", action="store_true", help="rewrite the .json readings of the files here")
+    parser.add_argument("--cases", nargs="*", default=list(CASES), help="the cases to write (default: all)")
     parser.add_argument("--worker", nargs=3, metavar=("CASE", "OUT", "V141"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.views_only:
+        for path in sorted(HERE.glob("*.seq")):
+            path.with_suffix(".json").write_text(json.dumps(pypulseq_view(path), indent=1) + "\n")
+        return
     if args.worker:
         case, out, v141 = args.worker
         run_case(case, out, args.examples, v141 == "1")
@@ -166,7 +175,7 @@ def main() -> None:
     current = importlib.util.find_spec("pypulseq")
     if current is None:
         raise SystemExit("pypulseq 1.5 must be installed (pip install pypulseq==1.5.0.post1)")
-    for name in CASES:
+    for name in args.cases:
         for suffix, path, v141 in (("v14", args.pypulseq_14, name == "mprage"), ("v15", None, False)):
             if v141:
                 path = None  # MPRAGE 1.4: pypulseq 1.5's 1.4.1 writer (1.4.2's script needs sigpy)
