@@ -92,8 +92,8 @@ def shard_of(result) -> Shard:
     """The voxels a result of a call inside `distributed()` holds: `Shard(start, stop, total)`.
 
     With `gather=False` a rank's result holds voxels [start, stop) of `total`, its voxel axes flattened to one;
-    with `gather=True`, (0, total, total). For the tuple a jacobian returns, that of its parts. Raises
-    ValueError for anything else.
+    with `gather=True`, (0, total, total). A call without voxel arrays runs whole on every rank: (0, 1, 1).
+    For the tuple a jacobian returns, that of its parts. Raises ValueError for anything else.
     """
     item = result[0] if isinstance(result, (tuple, list)) and result else result
     entry = _SHARDS.get(id(item))
@@ -202,7 +202,8 @@ class DistributedBlock:
         if shape is None or total == 0:  # no voxel axis to split (or nothing in it): every rank runs it whole
             with suspended():
                 out = _sharding.call(simulator, base, diff, protocol, tissue, settings)
-            return mark(_sharding.in_library(out, library), Shard(0, max(total, 1), max(total, 1)))
+            whole = Shard(0, 1, 1) if shape is None else Shard(0, 0, 0)  # one voxel, or an empty voxel axis
+            return mark(_sharding.in_library(out, library), whole)
         start, stop = self.voxel_range(total)
         # Values every voxel shares get gradients summed over the ranks: protocol tensors and broadcast tissue.
         shared = [(True, name) for name, value in protocol.items()
