@@ -9,8 +9,10 @@ import importlib.util
 
 from .base import Estimator, MatchResult
 from .dictionary import DictionaryMatcher
+from .lookup import LookupTable
+from .nlls import NonlinearLeastSquares
 
-__all__ = ["Estimator", "MatchResult", "DictionaryMatcher"]
+__all__ = ["Estimator", "MatchResult", "DictionaryMatcher", "LookupTable", "NonlinearLeastSquares"]
 
 # PERK lives in its own module, written separately; the package imports without it.
 if importlib.util.find_spec(f"{__name__}.perk") is not None:

@@ -7,10 +7,11 @@ acquisition, a `Simulator` with every property bound except the unknowns and the
 A new method implements two hooks, on torch tensors with one voxel per row:
 
 * `_fit_arrays(signals, parameters, known, *, noise_std)`: `signals` `(N, contrasts)` (complex or real; the
-  subspace coefficients when the estimator works in a subspace), `parameters` `(N, P)` float32 in the order
-  of `unknown` (None when the training carries none), `known` `(N, K)` float32 in the order of `known` (None
-  without known properties). `noise_std` is what `fit` was given: the hook adds training noise if its method
-  wants it, and refuses it if it means nothing there.
+  subspace coefficients when the estimator works in a subspace), `parameters` `(N, P)` float32 (float64 for
+  a LookupTable grid) in the order of `unknown` (None when the training carries none), `known` `(N, K)`
+  float32 in the order of `known` (None without known properties). `noise_std` is what `fit` was given: the
+  hook adds training noise if its method wants it (from `self._generator`, seeded by `fit`'s `seed`), and
+  refuses it if it means nothing there.
 * `_estimate_arrays(signals, known)`: `signals` `(V, contrasts)` on the volume's device, `known` `(V, K)` or
   None. Returns `{name: (V,)}` or a `(V, P)` tensor (columns in the order of `unknown`). It runs inside the
   call's execution policy (`blochsim._execution.active()` is the one to place work under).
@@ -165,7 +166,7 @@ class Estimator(torch.nn.Module):
                 raise ValueError(f"{kind}.fit: name at least one unknown, e.g. fit(T1=(200, 3000), T2=(10, 300)) "
                                  "or fit(unknown={'T1': values})")
             values, known_draws = self._training_values(unknown, known, samples, generator)
-            signals = self._simulate(values, known_draws, chunk)
+            signals = self._simulate_training(values, known_draws, chunk)
             names, known_names = tuple(values), tuple(known_draws)
             parameters = torch.stack([values[n] for n in names], dim=-1)
             known_values = torch.stack([known_draws[n] for n in known_names], dim=-1) if known_names else None
@@ -283,7 +284,7 @@ class Estimator(torch.nn.Module):
 
         return draw(unknown, "unknown"), draw(known, "known")
 
-    def _simulate(self, values: dict, known: dict, chunk: int) -> torch.Tensor:
+    def _simulate_training(self, values: dict, known: dict, chunk: int) -> torch.Tensor:
         """Training signals `(N, contrasts)` from the acquisition, `chunk` voxels at a time."""
         every = {**values, **known}
         count = next(iter(every.values())).shape[0]
