@@ -122,6 +122,14 @@ def test_bad_arguments_are_named(kwargs, match):
         blochsim.distributed(**kwargs)
 
 
+def test_launched_outside_torchrun_is_one_process(monkeypatch):
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with _distributed.launched() as (rank, world):
+        assert (rank, world) == (0, 1) and not dist.is_initialized()
+
+
 def test_shard_of_refuses_other_values():
     with pytest.raises(ValueError, match="shard_of"):
         blochsim.shard_of(torch.zeros(3))
@@ -209,3 +217,8 @@ def test_a_group_of_one_returns_the_whole_call(group_of_one):
     assert tuple(blochsim.shard_of((signal, jac))) == (0, 12, 12) and jac.shape == (12, 2, 30)
     with blochsim.distributed():
         assert torch.equal(sim.simulate(T1=t1, T2=60.0), whole)
+        with _distributed.launched() as (rank, world):  # a group already there is used as it is
+            assert (rank, world) == (0, 1)
+        assert dist.is_initialized()
+        empty = sim.simulate(T1=torch.zeros(0), T2=60.0)
+        assert empty.shape == (0, 30) and tuple(blochsim.shard_of(empty)) == (0, 0, 0)
