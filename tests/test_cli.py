@@ -215,7 +215,7 @@ def test_debug_flag_keeps_the_traceback(tmp_path):
 
 
 def test_value_syntax():
-    from blochsim.cli._common import parse_value
+    from blochsim.cli._values import parse_value
 
     assert parse_value("10", "x") == 10 and isinstance(parse_value("10", "x"), int)
     assert parse_value("2.5e-3", "x") == 2.5e-3

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ._common import plotting, reports_errors, write_atomically
+from ._common import plotting, reports_errors
+from ._files import write_atomically
 
 __all__ = ["bench"]
 

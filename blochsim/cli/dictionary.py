@@ -28,17 +28,10 @@ import numpy as np
 
 from .._progress import progress_bar
 from .._version import __version__
-from ._common import (
-    as_numpy,
-    check_output,
-    parse_value,
-    plotting,
-    progress_option,
-    reports_errors,
-    split_values,
-    to_json,
-    write_atomically,
-)
+from ._common import plotting, progress_option, reports_errors
+from ._files import as_numpy, check_output, to_json, write_atomically
+from ._simulators import split_values
+from ._values import parse_value
 from .simulate import gather_request, request_options
 
 __all__ = ["dictionary", "tissue_set", "MANIFEST", "FORMAT"]

@@ -14,18 +14,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ._common import (
-    as_numpy,
-    check_output,
-    load_array,
-    load_arrays,
-    parse_assignments,
-    plotting,
-    progress_option,
-    reports_errors,
-    save_arrays,
-    split_values,
-)
+from ._common import plotting, progress_option, reports_errors
+from ._files import as_numpy, check_output, load_array, load_arrays, save_arrays
+from ._simulators import split_values
+from ._values import parse_assignments
 from .simulate import gather_request, request_options
 
 __all__ = ["match", "fit"]

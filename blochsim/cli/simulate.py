@@ -7,21 +7,10 @@ from typing import Any
 
 import click
 
-from ._common import (
-    SimulatorName,
-    as_numpy,
-    check_output,
-    note_text_values,
-    parse_assignments,
-    plotting,
-    read_config,
-    reports_errors,
-    save_arrays,
-    shipped_simulators,
-    signature_line,
-    simulator_class,
-    split_values,
-)
+from ._common import note_text_values, plotting, reports_errors
+from ._files import as_numpy, check_output, save_arrays
+from ._simulators import SimulatorName, shipped_simulators, signature_line, simulator_class, split_values
+from ._values import parse_assignments, read_config
 
 __all__ = ["simulate", "Repetitions", "gather_request", "request_options"]
 
