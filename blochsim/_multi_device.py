@@ -171,7 +171,17 @@ def spread(simulator, base, diff, protocol, tissue, settings, library, *, engine
     axis = _sharding.voxel_axis(pieces[0][0], first[2] - first[1], engine=engine, probe=probe)
     result = []
     for k in range(len(pieces[0])):
-        whole = torch.cat([piece[k].to(home) for piece in pieces], dim=axis)
+        parts_k = [piece[k] for piece in pieces]
+        if any(p.requires_grad for p in parts_k):
+            whole = torch.cat([p.to(home) for p in parts_k], dim=axis)
+        else:  # each part copied once, into its place (a dictionary's result is most of a card's memory)
+            size = list(parts_k[0].shape)
+            size[axis] = total
+            whole = torch.empty(size, dtype=parts_k[0].dtype, device=home)
+            at = 0
+            for p in parts_k:
+                whole.narrow(axis, at, p.shape[axis]).copy_(p)
+                at += p.shape[axis]
         result.append(whole.reshape(whole.shape[:axis] + shape + whole.shape[axis + 1:]))
     return _sharding.in_library(tuple(result) if tupled else result[0], library)
 
