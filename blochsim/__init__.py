@@ -1,6 +1,6 @@
 """blochsim: a differentiable MRI signal simulator for PyTorch (extended phase graphs)."""
 
-from . import model, optim, sequence, simulators
+from . import estimators, model, optim, sequence, simulators
 from ._distributed import distributed, shard_of
 from ._errors import CudaBuildMismatch
 from ._execution import distribute, execution, offload
@@ -64,6 +64,7 @@ __all__ = [
     "simulators",
     "model",
     "optim",
+    "estimators",
     "Simulator",
     "Subspace",
     "ModelOperator",
