@@ -26,6 +26,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def _run(selected: list, target, reference: dict, repeats: int) -> list:
+    """Time each (case, tissues) on `target`, printing a table row as each finishes; returns the rows."""
+    from .. import _benchmark_cases as bc
+
+    click.echo(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'ref ms':>9}{'ratio':>7}")
+    rows = []
+    for name, n in selected:
+        first, median, peak = bc.measure(bc.case_fn(name, n, target), target, repeats)
+        ref = reference.get((name, n))
+        rows.append({"case": name, "n": n, "first_ms": 1e3 * first, "median_ms": 1e3 * median, "reference_ms": ref,
+                     "ratio": 1e3 * median / ref if ref else None,
+                     "peak_mib": None if peak is None else peak / 2**20})
+        ratio = f"{rows[-1]['ratio']:7.2f}" if ref else f"{'-':>7}"
+        ref_text = f"{ref:9.1f}" if ref else f"{'-':>9}"
+        click.echo(f"{name:<18}{n:>9}{1e3 * first:>10.1f}{1e3 * median:>11.2f}{ref_text}{ratio}")
+    return rows
+
+
 def _cases(text: str | None) -> list | None:
     if not text:
         return None
@@ -99,20 +117,7 @@ def bench(cases, counts, repeats, quick, device, json_path, plot_path) -> None:
     else:
         card = _cpu_model()
     click.echo(f"blochsim bench on {card}, {num_threads()} threads; reference: {where}")
-    click.echo(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'ref ms':>9}{'ratio':>7}")
-    rows = []
-    for name, n in selected:
-        fn = bc.case_fn(name, n, target)
-        first, median, peak = bc.measure(fn, target, repeats)
-        ref = reference.get((name, n))
-        row = {"case": name, "n": n, "first_ms": 1e3 * first, "median_ms": 1e3 * median, "reference_ms": ref,
-               "ratio": 1e3 * median / ref if ref else None,
-               "peak_mib": None if peak is None else peak / 2**20}
-        rows.append(row)
-        ratio = f"{row['ratio']:7.2f}" if ref else f"{'-':>7}"
-        ref_text = f"{ref:9.1f}" if ref else f"{'-':>9}"
-        click.echo(f"{name:<18}{n:>9}{1e3 * first:>10.1f}{1e3 * median:>11.2f}{ref_text}{ratio}")
-        del fn
+    rows = _run(selected, target, reference, repeats)
     record = {"task": "bench", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": card,
               "threads": num_threads(), "torch": torch.__version__, "reference": where, "repeats": repeats,
               "results": rows}

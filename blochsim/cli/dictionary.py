@@ -100,33 +100,78 @@ def tissue_set(grid: dict, ranges: dict, count: int | None, seed: int) -> tuple[
 
 
 # -- chunks on disk --------------------------------------------------------------------------------------------
-def _chunk_path(parts: Path, index: int) -> Path:
-    return parts / f"chunk-{index:06d}.npy"
-
-
-def _read_manifest(parts: Path) -> dict | None:
-    try:
-        return json.loads((parts / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # no manifest yet (killed before the first one was written): nothing to resume
-
-
-def _write_manifest(parts: Path, manifest: dict) -> None:
-    text = json.dumps(manifest, indent=1)
-    write_atomically(parts / MANIFEST, lambda tmp: tmp.write_text(text))
-
-
-def _chunk_ok(path: Path, rows: int, samples: int, dtype: str) -> bool:
-    """Whether a listed chunk file is there, whole, with the shape and dtype the manifest says."""
-    try:
-        block = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        return False
-    return block.shape == (rows, samples) and str(block.dtype) == dtype
-
-
 def _differences(old: dict, new: dict) -> list:
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+class Parts:
+    """The folder `OUT.parts` of a run: `manifest.json` and the chunk files it lists as complete.
+
+    Opening it resumes an earlier run of the same request (`identity`), refuses one of another request
+    (ValueError naming what differs), or starts a new one; `restart` discards what is there first. A listed
+    chunk whose file is missing or damaged is dropped from the done set (computed again), and temporary files
+    of a killed write are removed.
+    """
+
+    def __init__(self, path: Path, identity: dict, atoms: int, chunk_size: int, *, restart: bool):
+        self.path, self.atoms, self.chunk_size = path, atoms, chunk_size
+        self.chunks = -(-atoms // chunk_size)
+        if restart and path.exists():
+            shutil.rmtree(path)
+        manifest = self._read() if path.exists() else None
+        if manifest is not None and (manifest.get("format") != FORMAT or manifest.get("request") != identity):
+            changed = (_differences(manifest.get("request") or {}, identity) if manifest.get("format") == FORMAT
+                       else ["format"])
+            raise ValueError(f"{path} holds chunks of another request (it differs in: {', '.join(changed)}); "
+                             f"run the same command to resume it, or pass --restart to discard it")
+        if manifest is None:
+            path.mkdir(exist_ok=True)
+            manifest = {"format": FORMAT, "request": identity, "atoms": atoms, "chunks": self.chunks, "done": [],
+                        "samples": None, "dtype": None}
+            self._write(manifest)
+        self.manifest = manifest
+        self.done = {i for i in manifest["done"] if self._whole(i)}
+        for stray in path.glob(".*.tmp*"):  # temporary files of a run killed while writing
+            stray.unlink(missing_ok=True)
+
+    def rows(self, index: int) -> int:
+        """Tissues in chunk `index` (the last one may be short)."""
+        return min(self.chunk_size, self.atoms - index * self.chunk_size)
+
+    def file(self, index: int) -> Path:
+        return self.path / f"chunk-{index:06d}.npy"
+
+    @property
+    def files(self) -> list:
+        return [self.file(i) for i in range(self.chunks)]
+
+    def record(self, index: int, block: np.ndarray) -> None:
+        """Write chunk `index` (moved into place whole), then list it in the manifest (the same way)."""
+        if self.manifest["samples"] is None:
+            self.manifest["samples"], self.manifest["dtype"] = int(block.shape[1]), str(block.dtype)
+        write_atomically(self.file(index), lambda tmp: np.save(tmp, block))
+        self.done.add(index)
+        self.manifest["done"] = sorted(self.done)
+        self._write(self.manifest)
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads((self.path / MANIFEST).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # no manifest yet (killed before the first one was written): nothing to resume
+
+    def _write(self, manifest: dict) -> None:
+        text = json.dumps(manifest, indent=1)
+        write_atomically(self.path / MANIFEST, lambda tmp: tmp.write_text(text))
+
+    def _whole(self, index: int) -> bool:
+        """Whether a listed chunk file is there, whole, with the shape and dtype the manifest says."""
+        try:
+            block = np.load(self.file(index), mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError):
+            return False
+        return block.shape == (self.rows(index), self.manifest["samples"]) and str(block.dtype) == \
+            self.manifest["dtype"]
 
 
 def _atoms(signal: Any, n: int) -> np.ndarray:
@@ -217,22 +262,61 @@ def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetiti
         plotting()  # before the work: a missing matplotlib is said at once
     request = gather_request(simulator, config, protocol_flags, tissue_flags, states, repetitions, device,
                              sections=("grid", "random", "dictionary"))
-    file = request["config"]
+    names, parameters, described, chunk_size = _tissues(request["config"], grid_flags, range_flags, count, seed,
+                                                         chunk_size)
+    sim = request["class"]()
+    _check_fixed(sim, request, names)
+    identity = {"blochsim": __version__, "simulator": request["name"], "protocol": request["protocol"],
+                "tissue": request["tissue"], "settings": request["settings"], "names": names, "set": described,
+                "chunk_size": chunk_size,
+                "parameters_sha256": hashlib.sha256(np.ascontiguousarray(parameters).tobytes()).hexdigest()}
+    identity = json.loads(to_json(identity))  # the form it has in the manifest, to compare like with like
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite to replace it")
+    parts = Parts(out.with_name(out.name + ".parts"), identity, parameters.shape[0], chunk_size, restart=restart)
+    resumed = len(parts.done)
+    if resumed:
+        click.echo(f"resuming {parts.path}: {resumed} of {parts.chunks} chunks already done", err=True)
+
+    started = time.perf_counter()
+    _compute(sim, {**request["protocol"], **request["tissue"], **request["settings"]}, names, parameters, parts,
+             progress)
+    metadata = {key: identity[key] for key in ("blochsim", "simulator", "protocol", "tissue", "settings", "set")}
+    shape = _assemble(out, parts, parameters, names, metadata)
+    figure_atoms = _sample_atoms(parts.files, chunk_size, parts.atoms) if plot_path else None
+    if not keep_chunks:
+        shutil.rmtree(parts.path)
+    click.echo(f"{type(sim).__name__} dictionary: {shape[0]} atoms x {shape[1]} samples ({parts.manifest['dtype']}), "
+               f"{', '.join(names)}; {parts.chunks - resumed} of {parts.chunks} chunks computed in "
+               f"{time.perf_counter() - started:.1f} s -> {out}")
+    if plot_path:
+        plot = plotting()
+        drawn = "" if shape[0] <= _PLOTTED_ATOMS else f" ({_PLOTTED_ATOMS} drawn)"
+        figure = plot.dictionary(figure_atoms, parameters[_sample_rows(shape[0])], names,
+                                 title=f"{shape[0]} atoms x {shape[1]} samples{drawn}")
+        click.echo(f"figure: {plot.save(figure, plot_path)}")
+
+
+def _tissues(file: dict, grid_flags: tuple, range_flags: tuple, count: int | None, seed: int | None,
+             chunk_size: int | None) -> tuple:
+    """(names, parameters, description, chunk size) from the flags over the config file's [grid], [random] and
+    [dictionary] tables."""
     grid = {**file.get("grid", {}), **_pairs(grid_flags, "--grid")}
     random_file = dict(file.get("random", {}))
-    count = count if count is not None else random_file.pop("count", None)
-    seed = seed if seed is not None else int(random_file.pop("seed", 0))
-    random_file.pop("count", None)
-    random_file.pop("seed", None)
+    file_count, file_seed = random_file.pop("count", None), random_file.pop("seed", 0)
+    count = count if count is not None else file_count
+    seed = seed if seed is not None else int(file_seed)
     ranges = {**random_file, **_pairs(range_flags, "--range")}
     chunk_size = chunk_size or int(file.get("dictionary", {}).get("chunk_size", 4096))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    names, parameters, described = tissue_set(grid, ranges, count, seed)
+    return (*tissue_set(grid, ranges, count, seed), chunk_size)
 
-    sim = request["class"]()
+
+def _check_fixed(sim: Any, request: dict, names: list) -> None:
+    """The varying names are tissue properties; the fixed ones (-t) are single values, not also varying."""
     fixed = request["tissue"]
-    split_values(sim, request["protocol"], {**fixed, **{n: 0.0 for n in names}})
+    split_values(sim, request["protocol"], {**fixed, **dict.fromkeys(names, 0.0)})
     for name, value in fixed.items():
         if np.ndim(value) != 0:
             raise ValueError(f"-t {name}: a dictionary's fixed tissue properties are single values, got shape "
@@ -241,86 +325,34 @@ def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetiti
     if both:
         raise ValueError(f"{both[0]} is given both as a fixed value (-t) and as a varying one (--grid/--range)")
 
-    identity = {"blochsim": __version__, "simulator": request["name"], "protocol": request["protocol"],
-                "tissue": fixed, "settings": request["settings"], "names": names, "set": described,
-                "chunk_size": chunk_size,
-                "parameters_sha256": hashlib.sha256(np.ascontiguousarray(parameters).tobytes()).hexdigest()}
-    identity = json.loads(to_json(identity))  # the form it has in the manifest, to compare like with like
 
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass --overwrite to replace it")
-    parts = out.with_name(out.name + ".parts")
-    if restart and parts.exists():
-        shutil.rmtree(parts)
-    atoms = parameters.shape[0]
-    chunks = -(-atoms // chunk_size)
-    manifest = _read_manifest(parts) if parts.exists() else None
-    if manifest is not None and (manifest.get("format") != FORMAT or manifest.get("request") != identity):
-        changed = _differences(manifest.get("request") or {}, identity) if manifest.get("format") == FORMAT \
-            else ["format"]
-        raise ValueError(f"{parts} holds chunks of another request (it differs in: {', '.join(changed)}); run "
-                         f"the same command to resume it, or pass --restart to discard it")
-    if manifest is None:
-        parts.mkdir(exist_ok=True)
-        manifest = {"format": FORMAT, "request": identity, "atoms": atoms, "chunks": chunks, "done": [],
-                    "samples": None, "dtype": None}
-        _write_manifest(parts, manifest)
-
-    def rows(index: int) -> int:
-        return min(chunk_size, atoms - index * chunk_size)
-
-    done = {i for i in manifest["done"]
-            if _chunk_ok(_chunk_path(parts, i), rows(i), manifest["samples"], manifest["dtype"])}
-    for stray in parts.glob(".*.tmp*"):  # temporary files of a run killed while writing
-        stray.unlink(missing_ok=True)
-    resumed = len(done)
-    if resumed:
-        click.echo(f"resuming {parts}: {resumed} of {chunks} chunks already done", err=True)
-
-    fixed_values = {**request["protocol"], **fixed, **request["settings"]}
-    started = time.perf_counter()
-    bar = progress_bar(atoms, desc="dictionary", unit="atom", enabled=progress, unit_scale=True,
-                       initial=sum(rows(i) for i in done))
+def _compute(sim: Any, fixed: dict, names: list, parameters: np.ndarray, parts: Parts, progress: bool | None):
+    """Simulate and record every chunk not done, with a bar over the atoms; Ctrl-C says how to resume."""
+    bar = progress_bar(parts.atoms, desc="dictionary", unit="atom", enabled=progress, unit_scale=True,
+                       initial=sum(parts.rows(i) for i in parts.done))
     try:
         with bar:
-            for index in range(chunks):
-                if index in done:
+            for index in range(parts.chunks):
+                if index in parts.done:
                     continue
-                lo, hi = index * chunk_size, index * chunk_size + rows(index)
+                lo = index * parts.chunk_size
+                hi = lo + parts.rows(index)
                 varying = {name: parameters[lo:hi, j] for j, name in enumerate(names)}
-                block = _atoms(sim.simulate(**fixed_values, **varying), hi - lo)
-                if manifest["samples"] is None:
-                    manifest["samples"], manifest["dtype"] = int(block.shape[1]), str(block.dtype)
-                write_atomically(_chunk_path(parts, index), lambda tmp, b=block: np.save(tmp, b))
-                done.add(index)
-                manifest["done"] = sorted(done)
-                _write_manifest(parts, manifest)
+                parts.record(index, _atoms(sim.simulate(**fixed, **varying), hi - lo))
                 bar.update(hi - lo)
     except KeyboardInterrupt:
-        click.echo(f"stopped after {len(done)} of {chunks} chunks (kept in {parts}): run the same command "
-                   f"again to resume", err=True)
+        click.echo(f"stopped after {len(parts.done)} of {parts.chunks} chunks (kept in {parts.path}): run the same "
+                   f"command again to resume", err=True)
         raise
 
-    shape, dtype = (atoms, manifest["samples"]), np.dtype(manifest["dtype"])
-    metadata = {key: identity[key] for key in ("blochsim", "simulator", "protocol", "tissue", "settings", "set")}
-    small = {"parameters": parameters, "names": np.asarray(names), "metadata": np.asarray(to_json(metadata))}
-    files = [_chunk_path(parts, i) for i in range(chunks)]
-    writer = _write_npz if out.suffix.lower() == ".npz" else _write_h5
-    write_atomically(out, lambda tmp: writer(tmp, small, files, shape, dtype))
-    figure_atoms = _sample_atoms(files, chunk_size, atoms) if plot_path else None
-    if not keep_chunks:
-        shutil.rmtree(parts)
-    elapsed = time.perf_counter() - started
-    computed = chunks - resumed
-    click.echo(f"{type(sim).__name__} dictionary: {atoms} atoms x {shape[1]} samples ({dtype}), "
-               f"{', '.join(names)}; {computed} of {chunks} chunks computed in {elapsed:.1f} s -> {out}")
-    if plot_path:
-        plot = plotting()
 
-        drawn = "" if atoms <= _PLOTTED_ATOMS else f" ({_PLOTTED_ATOMS} drawn)"
-        figure = plot.dictionary(figure_atoms, parameters[_sample_rows(atoms)], names,
-                                 title=f"{atoms} atoms x {shape[1]} samples{drawn}")
-        click.echo(f"figure: {plot.save(figure, plot_path)}")
+def _assemble(out: Path, parts: Parts, parameters: np.ndarray, names: list, metadata: dict) -> tuple:
+    """Write OUT (atomically) from the chunk files; returns the shape of its signals."""
+    shape, dtype = (parts.atoms, parts.manifest["samples"]), np.dtype(parts.manifest["dtype"])
+    small = {"parameters": parameters, "names": np.asarray(names), "metadata": np.asarray(to_json(metadata))}
+    writer = _write_npz if out.suffix.lower() == ".npz" else _write_h5
+    write_atomically(out, lambda tmp: writer(tmp, small, parts.files, shape, dtype))
+    return shape
 
 
 def _pairs(flags: tuple, option: str) -> dict:
