@@ -12,8 +12,8 @@ from .base import Estimator
 
 __all__ = ["PERK"]
 
-#: Training rows the default length scale looks at (all pairs among them: ~2 million distances).
-LENGTH_SCALE_ROWS = 2000
+#: Training rows the default length scale looks at (all pairs among them: ~500,000 distances).
+LENGTH_SCALE_ROWS = 1000
 #: Bytes of one accumulation step's features (samples x n_features x 4): the streaming fit's working memory.
 ACCUMULATE_BYTES = 64 * 2**20
 _COMPLEX_MODES = ("cartesian", "magnitude")
@@ -51,7 +51,7 @@ class PERK(Estimator):
       `False` or a list of names choose explicitly.
     * `length_scale=None` is the median distance between training inputs (over the signal columns, one value
       for all of them; for each known column, the median absolute difference of its values), measured on up
-      to 2,000 training rows. Neighbouring training signals then look alike to the kernel and distant ones
+      to 1,000 training rows. Neighbouring training signals then look alike to the kernel and distant ones
       unrelated, whatever the signals' amplitude, length or noise. A per-column scale (standard deviation x
       sqrt(columns)) makes the kernel nearly linear over the data and divides by zero for a column that never
       varies (the imaginary parts of an MRF signal); on the MRF case above 0.25, 0.5, 1 and 2 times the median
