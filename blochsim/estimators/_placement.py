@@ -47,6 +47,6 @@ def stage(x: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """`x` on `device` (host tensors to a CUDA device through pinned memory)."""
     if x is None or x.device == device:
         return x
-    if device.type == "cuda" and x.device.type == "cpu":
+    if device.type == "cuda" and x.device.type == "cpu" and torch.cuda.is_available():
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device)

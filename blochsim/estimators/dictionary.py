@@ -164,7 +164,7 @@ class DictionaryMatcher(Estimator):
         generator = self._generator if self._generator is not None else torch.Generator().manual_seed(0)
         members, parts = [], []
         for s in range(int(sets.max()) + 1):
-            index = (sets == s).nonzero()[:, 0]
+            index = (sets == s).nonzero()[:, 0].to(self.atoms.device)  # the clusters' labels live there
             bank = mt.AtomBank(self.atoms[index], self.atom_norms[index], index)
             unit = bank.unit_atoms(bank.rows).to(torch.complex64 if bank.complex else torch.float32)
             found = mt.build_grouping(unit, self.groups, generator)
@@ -198,8 +198,8 @@ class DictionaryMatcher(Estimator):
                                    index.to(device))
                 if grouping is not None:
                     mine = (grouping.known_set == s).nonzero()[:, 0]
-                    local = torch.empty(self.atoms.shape[0], dtype=torch.int64)
-                    local[index] = torch.arange(index.numel())
+                    local = torch.empty(self.atoms.shape[0], dtype=torch.int64)  # on the host, like `mine`
+                    local[index.cpu()] = torch.arange(index.numel())
                     bank.with_groups([local[grouping.members[g].cpu()].to(device) for g in mine.tolist()],
                                      local[grouping.representative[mine].cpu()].to(device),
                                      grouping.centres[mine].to(device), grouping.radius_rad[mine].to(device),
