@@ -159,6 +159,22 @@ def test_narrower_instruction_sets():
         assert float(out.strip()) < 1e-12, isa  # float64: the reference's sums in another order
 
 
+def test_torch_path_without_kernels(monkeypatch):
+    """A CUDA library without PERK kernels (the CUDA 12 package) runs the reference's torch arithmetic, in
+    chunks, through the same functions: stood in for here by a host library that reports none."""
+    x, W, b, H, c, G = problem(20000, 30, 100, 3)  # more rows than one torch chunk (FALLBACK_CHUNK)
+    rf = kernels.RandomFeatures.of(W, b)
+    ours = (kernels.regression(x, rf, H, c), kernels.regression_vjp(x, rf, H, G))
+    total = torch.zeros(100, dtype=F64)
+    kernels.accumulate(x, rf, None, feature_sum=total)
+    monkeypatch.setattr(kernels, "_library", lambda device: None)
+    torch_path = (kernels.regression(x, rf, H, c), kernels.regression_vjp(x, rf, H, G))
+    total_torch = torch.zeros(100, dtype=F64)
+    kernels.accumulate(x, rf, None, feature_sum=total_torch)
+    for a, b_ in zip(ours + (total,), torch_path + (total_torch,), strict=True):
+        assert rel_err(a, b_) < 1e-12  # float64 both ways: the same sums in another order
+
+
 def test_column_count_checked():
     x, W, b, H, c, _ = problem(4, 6, 10, 2)
     with pytest.raises(ValueError, match=r"\(N, 6\)"):
