@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import blochsim
 from blochsim._benchmark_cases import flips_deg
 from blochsim.estimators import PERK
 from blochsim.estimators import perk_reference as reference
@@ -246,9 +247,11 @@ def test_cuda_map_and_gradient_match_the_host(small_model):
 
 @pytest.mark.cuda
 def test_cuda_fit_matches_the_host():
-    """Training on the card (signals simulated there) reads held-out tissues as well as on the host."""
+    """Training on the card (under execution("cuda"): simulated and accumulated there) reads held-out tissues as
+    well as on the host."""
     t1, t2 = tissues(5000, 1)
-    perk = PERK(ACQUISITION, n_features=300, feature_seed=1).fit(T1=t1.cuda(), T2=t2.cuda(), seed=0)
+    with blochsim.execution("cuda"):
+        perk = PERK(ACQUISITION, n_features=300, feature_seed=1).fit(T1=t1, T2=t2, seed=0)
     h1, h2 = tissues(500, 2)
     maps = perk.map(ACQUISITION.simulate(T1=h1.cuda(), T2=h2.cuda()))
     assert median_relative_error(maps["T1"].cpu(), h1) < 0.05

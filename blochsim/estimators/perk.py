@@ -154,7 +154,7 @@ class PERK(Estimator):
         self._complex_input = None
         F = self.n_features
         count, sums = 0, None
-        for piece, par, kn in self._pieces(signals, parameters, known):
+        for piece, par, kn in self._pieces(signals, parameters, known):  # placed by the policy (_pieces)
             if self._complex_input is None:
                 self._complex_input = piece.is_complex()
             x, norm = self._inputs(self._noisy(piece, noise_std), kn)
@@ -162,7 +162,7 @@ class PERK(Estimator):
                 self._draw_features(x, known)
                 rf = self._features(x.device, x.dtype)
                 sums = {"z": x.new_zeros(F, dtype=torch.float64), "zz": x.new_zeros((F, F), dtype=torch.float64)}
-            y = self._targets(par.to(x.device), norm)
+            y = self._targets(par, norm)
             if "zy" not in sums:
                 sums["zy"] = x.new_zeros((F, y.shape[1]), dtype=torch.float64)
                 sums["y"] = x.new_zeros(y.shape[1], dtype=torch.float64)
@@ -182,7 +182,7 @@ class PERK(Estimator):
         for piece, par, kn in self._pieces(signals, parameters, known):
             x, norm = self._inputs(self._noisy(piece, noise_std), kn)
             rf = self._features(x.device, x.dtype)
-            y = self._targets(par.to(x.device), norm)
+            y = self._targets(par, norm)
             pred = kernels.regression(x, rf, self.head, self.offset)
             residual = (y.to(pred.dtype) - pred).abs()
             kernels.accumulate(x, rf, residual, feature_sum=rsums["z"], feature_target=rsums["zy"])
@@ -194,16 +194,23 @@ class PERK(Estimator):
         self._set("uncertainty_offset", offset)
 
     def _pieces(self, signals, parameters, known):
-        """(signals, parameters, known) pieces of at most one accumulation step each."""
+        """(signals, parameters, known) pieces of at most one accumulation step each, on the device the active
+        execution policy gives the signals (`with blochsim.execution("cuda"): perk.fit(...)` trains on a card)."""
         step = min(self.chunk_size, max(1, ACCUMULATE_BYTES // (4 * self.n_features)))
+        policy = _execution.active()
+
+        def placed(piece, rows):
+            device = policy.device_for(piece.device)
+            return (piece.to(device), parameters[rows].to(device),
+                    None if known is None else known[rows].to(device))
+
         if isinstance(signals, _StreamedSignals):
             for start, piece in signals.pieces():
                 for i in range(0, piece.shape[0], step):
-                    rows = slice(start + i, start + min(i + step, piece.shape[0]))
-                    yield piece[i:i + step], parameters[rows], None if known is None else known[rows]
+                    yield placed(piece[i:i + step], slice(start + i, start + min(i + step, piece.shape[0])))
             return
         for i in range(0, signals.shape[0], step):
-            yield (signals[i:i + step], parameters[i:i + step], None if known is None else known[i:i + step])
+            yield placed(signals[i:i + step], slice(i, i + step))
 
     def _noisy(self, signals: torch.Tensor, noise_std: float) -> torch.Tensor:
         """The training signals with Gaussian noise of SD `noise_std` on the real and imaginary parts."""
@@ -240,7 +247,7 @@ class PERK(Estimator):
         if self.length_scale is not None:
             scales = self._given_scales(len_hint=columns)
         else:
-            scales = _median_scales(x.to(torch.float64), 0 if known is None else known.shape[1])
+            scales = _median_scales(x, 0 if known is None else known.shape[1])
         seed = self.feature_seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._generator))
@@ -401,12 +408,12 @@ class PERK(Estimator):
 
 
 def _median_scales(x: torch.Tensor, known_columns: int) -> torch.Tensor:
-    """The default length scales of input rows `x` (float64): the median distance between rows over the signal
-    columns (one value for all), and the median absolute difference of each known column."""
-    rows = x[:LENGTH_SCALE_ROWS]
+    """The default length scales (float64, on the host) of input rows `x`: the median distance between rows over
+    the signal columns (one value for all), and the median absolute difference of each known column."""
+    rows = x[:LENGTH_SCALE_ROWS].cpu().to(torch.float64)  # on the host, beside the features' draws
     signal_columns = x.shape[1] - known_columns
-    pairs = torch.triu_indices(rows.shape[0], rows.shape[0], offset=1, device=rows.device)
-    scales = torch.empty(x.shape[1], dtype=torch.float64, device=x.device)
+    pairs = torch.triu_indices(rows.shape[0], rows.shape[0], offset=1)
+    scales = torch.empty(x.shape[1], dtype=torch.float64)
     distance = torch.cdist(rows[:, :signal_columns], rows[:, :signal_columns])[pairs[0], pairs[1]]
     scales[:signal_columns] = _positive_median(distance)
     for j in range(signal_columns, x.shape[1]):
