@@ -142,6 +142,20 @@ def test_scale_and_library_of_the_volume(small_model):
     assert shaped["T1"].shape == (10, 10)
 
 
+def test_chunked_map_equals_one_call(small_model):
+    """chunk_size voxels per kernel call: every voxel is computed alone, so chunks change no bit."""
+    h1, h2 = tissues(30, 4)
+    volume = ACQUISITION.simulate(T1=h1, T2=h2)
+    whole, whole_sd = small_model.map(volume, uncertainty=True)
+    small_model.chunk_size = 7
+    try:
+        parts, parts_sd = small_model.map(volume, uncertainty=True)
+    finally:
+        small_model.chunk_size = 65536
+    for name in whole:
+        assert torch.equal(whole[name], parts[name]) and torch.equal(whole_sd[name], parts_sd[name]), name
+
+
 def test_zero_voxel_reads_nan_and_leaves_other_gradients_finite(small_model):
     h1, h2 = tissues(3, 4)
     volume = ACQUISITION.simulate(T1=h1, T2=h2)

@@ -373,8 +373,11 @@ class PERK(Estimator):
         parts = [self._read_chunk(signals[i:i + self.chunk_size],
                                   None if known is None else known[i:i + self.chunk_size], dtype, uncertainty)
                  for i in range(0, max(signals.shape[0], 1), self.chunk_size)]
-        maps = {n: torch.cat([p[0][n] for p in parts]) for n in parts[0][0]}
-        sds = None if not uncertainty else {n: torch.cat([p[1][n] for p in parts]) for n in parts[0][1]}
+        if len(parts) == 1:
+            maps, sds = parts[0][0], parts[0][1] if uncertainty else None
+        else:
+            maps = {n: torch.cat([p[0][n] for p in parts]) for n in parts[0][0]}
+            sds = None if not uncertainty else {n: torch.cat([p[1][n] for p in parts]) for n in parts[0][1]}
         if not self._named:
             columns = list(self.unknown) or [n for n in maps if n != "M0"]
             maps = torch.stack([maps[n] for n in columns], dim=-1)
