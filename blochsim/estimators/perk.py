@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import _execution
+from .._progress import progress_bar
 from . import perk_kernels as kernels
 from .base import Estimator
 
@@ -152,6 +153,12 @@ class PERK(Estimator):
         self._log = self._log_columns(parameters)
         self._cache = {}
         self._complex_input = None
+        with progress_bar(parameters.shape[0] * (2 if self.uncertainty else 1), desc="blochsim PERK fit",
+                          unit="sample", unit_scale=True, enabled=_execution.active().progress) as bar:
+            self._train(signals, parameters, known, noise_std, bar)
+
+    def _train(self, signals, parameters, known, noise_std, bar) -> None:
+        """The two passes of `_fit_arrays` (see the class docstring), `bar` counting samples."""
         F = self.n_features
         count, sums = 0, None
         for piece, par, kn in self._pieces(signals, parameters, known):  # placed by the policy (_pieces)
@@ -170,6 +177,7 @@ class PERK(Estimator):
                                feature_target=sums["zy"])
             sums["y"] += y.sum(0, dtype=torch.float64)
             count += x.shape[0]
+            bar.update(x.shape[0])
         factor, head, offset = self._solve(sums, count, None)
         self._set("head", head)
         self._set("offset", offset)
@@ -188,6 +196,7 @@ class PERK(Estimator):
             kernels.accumulate(x, rf, residual, feature_sum=rsums["z"], feature_target=rsums["zy"])
             rsums["y"] += residual.sum(0, dtype=torch.float64)
             rcount += x.shape[0]
+            bar.update(x.shape[0])
         rsums["zz"] = sums["zz"] * (rcount / count)  # the first pass's covariance, at this pass's count
         _, head, offset = self._solve(rsums, rcount, factor)
         self._set("uncertainty_head", head)
