@@ -314,14 +314,13 @@ class PERK(Estimator):
     # -- inputs and targets -------------------------------------------------------------------------
     def _inputs(self, signals: torch.Tensor, known) -> tuple:
         """(x `(N, columns)` real, |s| `(N,)`) of signals `(N, contrasts)` and known `(N, K)`."""
-        if signals.is_complex():
-            norm = torch.linalg.vector_norm(signals, dim=-1)
-            cols = signals.abs() if self.complex_mode == "magnitude" else torch.view_as_real(signals).flatten(-2)
+        norm = torch.linalg.vector_norm(signals, dim=-1)
+        if self.complex_mode == "magnitude":
+            cols = signals.abs()
         else:
-            norm = torch.linalg.vector_norm(signals, dim=-1)
-            cols = signals.abs() if self.complex_mode == "magnitude" else signals
-        if self.normalize:
-            cols = cols / torch.where(norm > 0, norm, torch.ones_like(norm))[:, None]
+            cols = torch.view_as_real(signals).flatten(-2) if signals.is_complex() else signals
+        if self.normalize:  # a zero signal divides by 1 (and reads NaN: _read_chunk)
+            cols = cols / norm.masked_fill(norm == 0, 1)[:, None]
         if known is not None:
             cols = torch.cat([cols, known.to(device=cols.device, dtype=cols.dtype)], dim=1)
         return cols.contiguous(), norm
@@ -413,9 +412,8 @@ class PERK(Estimator):
             maps["M0"] = norm.to(dtype) * y[:, len(self._log)]
             if uncertainty:
                 sds["M0"] = norm.to(dtype) * y[:, T + len(self._log)].clamp_min(0) * math.sqrt(math.pi / 2)
-            nan = torch.tensor(float("nan"), dtype=dtype, device=x.device)
-            maps = {n: torch.where(empty, nan, v) for n, v in maps.items()}
-            sds = {n: torch.where(empty, nan, v) for n, v in sds.items()}
+            maps = {n: v.masked_fill(empty, math.nan) for n, v in maps.items()}
+            sds = {n: v.masked_fill(empty, math.nan) for n, v in sds.items()}
         return maps, sds
 
 
