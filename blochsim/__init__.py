@@ -26,6 +26,7 @@ from .sequence import (
     SSFPEchoReadout,
     SSFPFidReadout,
     bSSFPReadout,
+    read_mrd_description,
     rf_definition,
 )
 from .simulators import (
@@ -93,6 +94,7 @@ __all__ = [
     "SequenceDescription",
     "ShimDefinition",
     "rf_definition",
+    "read_mrd_description",
     "cest_sim",
     "flash_sim",
     "fmssfp_sim",

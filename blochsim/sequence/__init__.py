@@ -5,6 +5,7 @@ from ._pulseq import read_pulseq_description
 from .builders import fse_description, mpnrage_description, mprage_description, mrf_description, spgr_description
 from .description import SequenceDescription
 from .events import AdcRole, EventAction, EventType, RfMode, RfUse, SequenceEvent
+from .mrd import read_mrd_description
 from .operators import (
     Delay,
     Dephase,
@@ -76,6 +77,7 @@ __all__ = [
     "TissueProperties",
     # outside formats (6.7)
     "read_pulseq_description",
+    "read_mrd_description",
     # the engine (6.4)
     "EpgEngine",
     "SimulationResult",

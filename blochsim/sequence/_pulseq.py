@@ -340,7 +340,7 @@ class _Reader:
         window = np.arange(first, first + size)
         events = self._events(window, size)
         definitions = self._definitions
-        tr_us = float(self.durations_s[window].sum()) * 1e6
+        tr_us = float(self.blocks[window, 1].sum() * (self.block_raster_s * 1e6))
         return SequenceDescription(int(subsequence_index), tr_us, events, definitions, {},
                                    crusher_dephasing_rad, voxel_size_m, self.rf_raster_s)
 
@@ -421,9 +421,12 @@ class _Reader:
         gradient = float(np.sqrt((self.rf_gradient[k] ** 2).sum()))
         gradient = 0.0 if gradient < SLICE_GRADIENT_FLOOR_HZ_PER_M else gradient
         use = RfUse(int(self.rf_block_use[k]))
-        definition = self._definition(k, row, gradient, use)
         time_us = start_us + float(self.rf_tau_us[k])
-        params = (definition, use, float(self.rf_flip_rad[row]), phase, frequency, 0, gradient)
+        flip = float(self.rf_flip_rad[row])
+        _check_finite(f"[RF] line {rf.lines[row]}", time_us=time_us, flip_rad=flip, phase_rad=phase,
+                      frequency_hz=frequency, slice_select_gradient_hz_per_m=gradient)
+        definition = self._definition(k, row, gradient, use)
+        params = (definition, use, flip, phase, frequency, 0, gradient)
         return trusted_event(EventType.RF, time_us, params, EventAction.NONE)
 
     def _adc_event(self, k: int, start_us: float, role: AdcRole, echo: bool):
@@ -445,6 +448,7 @@ class _Reader:
                 phase += float(modulation[min(int(c), modulation.size - 1)])
         phase += 2 * math.pi * frequency * c * dwell_s  # the receiver turns from the readout's start
         time_us = start_us + float(self.adc_delay_us[k]) + c * float(self.adc_dwell_ns[k]) * 1e-3
+        _check_finite(f"[ADC] line {adc.lines[row]}", time_us=time_us, phase_rad=phase)
         params = (role, phase, bool(echo))
         return trusted_event(EventType.ADC, time_us, params, EventAction.NONE)
 
@@ -530,6 +534,8 @@ def _rf_definition(envelope: _Envelope, definition_id: int, bandwidth_hz: float,
                          "a step in); a pulse is read as samples of one dwell each")
     samples, dwell = _played(envelope), envelope.step_s
     area = abs(complex(np.sum(samples)) * dwell)
+    if not (math.isfinite(area) and np.isfinite(np.sum(np.abs(samples) ** 2))):
+        raise ValueError(f"{user}: the pulse's samples overflow a float64 when summed")
     if area <= ZERO_AREA_RTOL * float(np.sum(np.abs(samples))) * dwell:
         if use != RfUse.INVERSION:
             raise ValueError(f"{user}: the pulse has no area (|int w dt| = {area:.3g} s): its rotation is not the "
@@ -578,6 +584,14 @@ def _fwhm_hz(envelope: _Envelope, where: str) -> float:
 
     lo, hi = int(left[-1]), peak + int(right[0])
     return float(crossing(hi - 1, hi) - crossing(lo, lo + 1))
+
+
+def _check_finite(where: str, **values: float) -> None:
+    """ValueError naming the row when a value worked out from it is not finite (its numbers overflow)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: the {name} worked out from this row is {value} (its numbers, or the "
+                             "gradients of its block, overflow a float64)")
 
 
 def _next_of(sorted_blocks: np.ndarray, after: np.ndarray, never: int) -> np.ndarray:

@@ -458,10 +458,9 @@ def _numbers(text: str, expected: int, dtype=np.float64) -> np.ndarray | None:
 def _name_bad_token(section: str, text: str, first_line: int, names: tuple, whole: bool) -> None:
     for n, row in enumerate(text.split("\n"), first_line):
         for column, token in zip(names, row.split(), strict=False):
-            try:
-                value = float(token)
-            except ValueError:
-                raise ValueError(f"[{section}] line {n}: {column} is {token!r}, not a number") from None
+            if not _NUMBER.match(token):
+                raise ValueError(f"[{section}] line {n}: {column} is {token!r}, not a number")
+            value = float(token)
             if whole and not (math.isfinite(value) and value == round(value) and 0 <= value <= 2**62):
                 raise ValueError(f"[{section}] line {n}: {column} is {token!r}; it must be a whole number >= 0")
     raise ValueError(f"[{section}]: a number does not parse")  # not reached: some token above fails
@@ -488,11 +487,13 @@ def _check_values(section: str, values: np.ndarray, lines: np.ndarray, names: tu
             kind = "a whole number >= -1"
         if column == 0 and section != "BLOCKS":
             kind = "a whole number >= 1"
-        raise ValueError(f"[{section}] line {lines[row]}: {names[column]} is {values[row, column]!r}; it must be "
-                         f"{kind}")
+        value = values[row, column].item()
+        raise ValueError(f"[{section}] line {lines[row]}: {names[column]} is {value!r}; it must be {kind}")
 
 
 _SHAPE_ID = re.compile(r"^[ \t]*shape_id\b", re.M)
+#: A number as the file writes one (what numpy's parser takes; Python's float() also takes '1_0' and ' 1 ').
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$|[+-]?(?:nan|inf|infinity)$", re.I)
 
 
 def _read_shapes(section) -> dict:
@@ -549,13 +550,11 @@ def _read_shapes(section) -> dict:
         packed = _numbers(text, data.size)
         if packed is None or not np.isfinite(packed).all():
             for i in data:
-                try:
-                    ok = math.isfinite(float(rest[i]))
-                except ValueError:
-                    ok = False
-                if not ok:
+                token = rest[i].strip()
+                if not (_NUMBER.match(token) and math.isfinite(float(token))):
                     raise ValueError(f"[SHAPES] line {line + 1 + int(i)}: shape_id {shape_id} has "
-                                     f"{rest[i].strip()[:40]!r} where a finite number belongs")
+                                     f"{token[:40]!r} where a finite number belongs")
+            raise ValueError(f"[SHAPES] line {line}: shape_id {shape_id}: its samples do not parse as numbers")
         shapes[shape_id] = Shape(num_samples, packed, line)
     return shapes
 
