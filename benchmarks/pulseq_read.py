@@ -64,7 +64,8 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
         record = {"task": "pulseq_read", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "machine": machine_name(), "platform": platform.platform(), "python": platform.python_version(),
-                  "blocks": args.blocks, "bytes": len(data), "rounds": args.rounds,
+                  "load_average_1min": os.getloadavg()[0], "blocks": args.blocks, "bytes": len(data),
+                  "rounds": args.rounds,
                   "events": len(description.events),
                   "read_bytes_s": {"median": statistics.median(memory), "least": min(memory)},
                   "read_path_s": {"median": statistics.median(disk), "least": min(disk)}}
