@@ -314,11 +314,9 @@ class PERK(Estimator):
     # -- inputs and targets -------------------------------------------------------------------------
     def _inputs(self, signals: torch.Tensor, known) -> tuple:
         """(x `(N, columns)` real, |s| `(N,)`) of signals `(N, contrasts)` and known `(N, K)`."""
-        norm = torch.linalg.vector_norm(signals, dim=-1)
-        if self.complex_mode == "magnitude":
-            cols = signals.abs()
-        else:
-            cols = torch.view_as_real(signals).flatten(-2) if signals.is_complex() else signals
+        parts = torch.view_as_real(signals).flatten(-2) if signals.is_complex() else signals
+        norm = torch.linalg.vector_norm(parts, dim=-1)  # of the real view: torch's complex norm is ~40x slower
+        cols = signals.abs() if self.complex_mode == "magnitude" else parts
         if self.normalize:  # a zero signal divides by 1 (and reads NaN: _read_chunk)
             cols = cols / norm.masked_fill(norm == 0, 1)[:, None]
         if known is not None:
