@@ -11,7 +11,9 @@ processes (one call to warm up, then the median of --repeats), configurations al
                thread per rank, at --tissues (default 100000): distributed(gather=False) (each rank keeps its
                rows, as a dictionary written in parts) and gather=True (every rank gets the whole result)
                for the forward; gather=False (the sum of the ranks' losses) for the gradient. The overhead is
-               ranks / one process - 1; the target is <= 10 %.
+               ranks / one process - 1; the target is <= 10 %. Each rank also times its own tissues alone,
+               outside the block ("local"): ranks / local - 1 is what the split itself costs (checksums,
+               collectives, waiting for the other rank), apart from how one process uses its threads.
   --case gpu   1 GPU; 2 GPUs in one process (execution(['cuda:0', 'cuda:1']), tissue on cuda:0, results back
                there); torchrun with 2 ranks on one GPU each (distributed(gather=False), NCCL). Forward at
                --tissues (default 4000000), gradient at --grad-tissues (default 1000000). Throughput on 2 GPUs
@@ -42,13 +44,16 @@ STATES = 32
 
 
 # -- workers ---------------------------------------------------------------------------------------------
-def _work(n: int, device: str, *, grad: bool, execution=None):
-    """One call of the case as a function of nothing (the tissues made once, on `device`)."""
+def _work(n: int, device: str, *, grad: bool, execution=None, rows=None):
+    """One call of the case as a function of nothing (the tissues made once, on `device`; `rows`: only
+    tissues [start, stop) of the n)."""
     import blochsim
     from blochsim._benchmark_cases import flips_deg, relaxation_maps
     from blochsim.simulators import MRFSimulator
 
     t1, t2 = relaxation_maps(n, device)
+    if rows is not None:
+        t1, t2 = t1[rows[0]:rows[1]].clone(), t2[rows[0]:rows[1]].clone()
     base = flips_deg(REPETITIONS)
     settings = {"states": STATES} if execution is None else {"states": STATES, "execution": execution}
     sim = MRFSimulator(TR=10.0)
@@ -106,6 +111,13 @@ def worker(args) -> None:
         if cuda:
             torch.cuda.set_device(local)
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        _GATHER = None
+        for kind in args.kinds:  # this rank's own tissues outside any block: what the split costs beside them
+            n = args.grad_tissues if kind == "gradient" else args.tissues
+            rows = (rank * n // world, (rank + 1) * n // world)
+            result[f"{kind}/local"] = _timed(_work(n, device, grad=kind == "gradient", rows=rows), args.repeats,
+                                             cuda, dist.barrier)
         for gather in args.gathers:
             _GATHER = gather == "gather"
             for kind in args.kinds:
@@ -216,11 +228,14 @@ def main() -> None:
         for kind in args.kinds:
             gathers = ("shard", "gather") if kind == "forward" else ("shard",)
             summary[kind] = {"one process s": median(names[0], kind)}
+            summary[kind]["ranks' own tissues alone s"] = median(names[1], f"{kind}/local")
             for gather in gathers:
                 key = f"{kind}/{gather}"
                 summary[kind][f"ranks {gather} s"] = median(names[1], key)
                 summary[kind][f"overhead {gather}"] = statistics.median(m[names[1]][key] / m[names[0]][kind] - 1
                                                                         for m in rounds)
+                summary[kind][f"split cost {gather}"] = statistics.median(
+                    m[names[1]][key] / m[names[1]][f"{kind}/local"] - 1 for m in rounds)
     machine = torch.cuda.get_device_name(0) if gpu else (platform.processor() or platform.machine())
     record = {
         "task": "scaling",

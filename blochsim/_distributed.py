@@ -194,13 +194,13 @@ class DistributedBlock:
         named.update(protocol)
         named.update(tissue)
         named.update({k: v for k, v in settings.items() if k not in _LOCAL_SETTINGS})
-        self.check_same(where, named)
+        checked = self.start_check(where, named)  # waited for after this rank's work, which hides the wait
         arrays = {name: _sharding.as_tensor(value) for name, value in tissue.items()}
         arrays = {name: t for name, t in arrays.items() if t is not None}
         shape = _sharding.voxel_shape(arrays.values())
         total = _sharding.count_of(shape) if shape is not None else 0
         if shape is None or total == 0:  # no voxel axis to split (or nothing in it): every rank runs it whole
-            with suspended():
+            with suspended(), _checked_after(checked):
                 out = _sharding.call(simulator, base, diff, protocol, tissue, settings)
             whole = Shard(0, 1, 1) if shape is None else Shard(0, 0, 0)  # one voxel, or an empty voxel axis
             return mark(_sharding.in_library(out, library), whole)
@@ -219,7 +219,7 @@ class DistributedBlock:
             return {name: _sharding.take(arrays[name], shape, first, last) if name in arrays else value
                     for name, value in tissue.items()}
 
-        with suspended():
+        with suspended(), _checked_after(checked):
             out = _sharding.call(simulator, base, diff, protocol, part(start, stop), settings)
 
         def probe():
@@ -285,10 +285,18 @@ class DistributedBlock:
 
         One all-gather of a 128-bit digest; on a mismatch a second one of per-name digests names the first
         argument that differs and the first rank that differs from rank 0."""
+        self.start_check(where, named)()
+
+    def start_check(self, where: str, named: Mapping) -> Callable[[], None]:
+        """`check_same` in two steps: this starts the all-gather of the digest and returns the function that
+        waits for it and raises. Work done in between overlaps the wait for the other ranks to arrive."""
         parts = _digests(named)
         total = hashlib.blake2b(b"".join(n.encode() + b"\0" + d for n, d in parts.items()), digest_size=16)
         mine = torch.tensor(struct.unpack("<2q", total.digest()), dtype=torch.int64)
-        everyone = self._all_gather_flat(mine, what=f"input check of {where}")
+        arrived = self._all_gather_flat(mine, what=f"input check of {where}", wait=False)
+        return lambda: self._compare(where, parts, arrived())
+
+    def _compare(self, where: str, parts: dict, everyone: torch.Tensor) -> None:
         if bool((everyone == everyone[0]).all()):
             return
         import torch.distributed as dist
@@ -319,25 +327,39 @@ class DistributedBlock:
 
     def _run(self, what: str, start: Callable) -> None:
         """Start a collective and wait for it (at most `timeout_s`), turning a failure into a clear error."""
+        self._start(what, start)()
+
+    def _start(self, what: str, start: Callable) -> Callable[[], None]:
+        """Start a collective; returns the function that waits for it (at most `timeout_s` from then)."""
         began = time.monotonic()
         try:
             work = start()
-            if work is not None:
-                if self.timeout_s is None:
-                    work.wait()
-                else:
-                    work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except Exception as error:  # DistBackendError, RuntimeError ("timed out", "connection reset"), ...
-            waited = time.monotonic() - began
-            limit = f"timeout_s={self.timeout_s:g}" if self.timeout_s is not None else "the process group's timeout"
-            raise RuntimeError(
-                f"blochsim.distributed: rank {self.rank} of {self.world} could not complete the {what} after "
-                f"{waited:.1f} s ({limit}): another rank has died, hangs, or runs different code. The process "
-                f"group cannot be used after this; restart every rank. ({type(error).__name__}: {error})"
-            ) from error
+        except Exception as error:
+            raise self._failed(what, began, error) from error
 
-    def _all_gather_flat(self, x: torch.Tensor, *, what: str) -> torch.Tensor:
-        """(world, *x.shape): every rank's x, for x of one shape on every rank."""
+        def wait() -> None:
+            try:
+                if work is not None:
+                    if self.timeout_s is None:
+                        work.wait()
+                    else:
+                        work.wait(datetime.timedelta(seconds=self.timeout_s))
+            except Exception as error:  # DistBackendError, RuntimeError ("timed out", "connection reset"), ...
+                raise self._failed(what, began, error) from error
+
+        return wait
+
+    def _failed(self, what: str, began: float, error: Exception) -> RuntimeError:
+        waited = time.monotonic() - began
+        limit = f"timeout_s={self.timeout_s:g}" if self.timeout_s is not None else "the process group's timeout"
+        return RuntimeError(
+            f"blochsim.distributed: rank {self.rank} of {self.world} could not complete the {what}, started "
+            f"{waited:.1f} s before ({limit}): another rank has died, hangs, or runs different code. The process "
+            f"group cannot be used after this; restart every rank. ({type(error).__name__}: {error})")
+
+    def _all_gather_flat(self, x: torch.Tensor, *, what: str, wait: bool = True):
+        """(world, *x.shape): every rank's x, for x of one shape on every rank; with `wait=False`, the
+        function that waits for the collective and returns it."""
         import torch.distributed as dist
 
         carrier = self._carrier(x.device)
@@ -345,8 +367,13 @@ class DistributedBlock:
         # The ranks' parts concatenated along the first axis (the form every backend takes).
         out = torch.empty((self.world * sent.shape[0],) + tuple(sent.shape[1:]), dtype=sent.dtype, device=carrier)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._run(what, lambda: gather(out, sent, group=self.group, async_op=True))
-        return out.reshape((self.world,) + tuple(x.shape)).to(x.device)
+        done = self._start(what, lambda: gather(out, sent, group=self.group, async_op=True))
+
+        def result() -> torch.Tensor:
+            done()
+            return out.reshape((self.world,) + tuple(x.shape)).to(x.device)
+
+        return result() if wait else result
 
     def _gather_rows(self, rows: torch.Tensor, total: int, what: str) -> torch.Tensor:
         counts = self.counts(total)
@@ -386,6 +413,21 @@ class DistributedBlock:
                 piece = torch.view_as_complex(piece.reshape(t.shape + (2,)).to(t.real.dtype))
             out.append(piece.reshape(t.shape).to(device=t.device, dtype=t.dtype))
         return out
+
+
+@contextlib.contextmanager
+def _checked_after(checked: Callable[[], None]):
+    """Run the block, then `checked()`: inputs that differ raise their ValueError even when they made this
+    rank's work fail (the error of the work is then its cause); otherwise the work's own error."""
+    try:
+        yield
+    except BaseException as error:
+        try:
+            checked()
+        except ValueError as differ:
+            raise differ from error
+        raise
+    checked()
 
 
 def _served_devices(backend: str) -> set:

@@ -180,6 +180,15 @@ def check_errors(rank: int, sim) -> None:
         assert "'T1' differs" in str(error) and "rank 1" in str(error), str(error)
     else:
         raise AssertionError("inputs that differ between ranks were accepted")
+    # Inputs that differ and make one rank's own work fail: every rank still raises the same ValueError.
+    t1 = torch.linspace(300.0, 2000.0, 6) * (1 - 2 * rank)  # negative times on rank 1: its simulation refuses
+    try:
+        with blochsim.distributed():
+            sim.simulate(flip=flips(), T1=t1, T2=60.0)
+    except ValueError as error:
+        assert "'T1' differs" in str(error), str(error)
+    else:
+        raise AssertionError("inputs that differ between ranks were accepted")
     try:
         blochsim.distributed(gather="yes")
     except ValueError as error:
