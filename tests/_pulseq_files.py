@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "pulseq"
@@ -85,6 +86,15 @@ num_samples 100
 
 """
 TINY_EVENTS_US = {"rf": (50.0, 2050.0), "adc": (700.0, 2700.0), "tr": 2000.0, "flip_rad": math.pi / 20}
+
+
+def read_quietly(text):
+    """`read_pulseq_description` of a text or bytes, warnings (unread extensions) silenced."""
+    from blochsim.sequence import read_pulseq_description
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_pulseq_description(text.encode() if isinstance(text, str) else text)
 
 
 def signed(text: str) -> bytes:

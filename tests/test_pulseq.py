@@ -340,3 +340,20 @@ def test_mprage_matches_the_oracle_on_a_description_built_by_hand():
     signal = sim.simulate(T1=1200.0, T2=60.0, repetitions=3, states=4, **F64)
     # the file writes phases and amplitudes to 6 digits (~1e-6 relative)
     assert rel_max_err(signal, reference) < 1e-5
+
+
+def test_concrete_simulator_from_pulseq_with_reader_settings():
+    """`FSESimulator.from_pulseq` plays the file through FSE's own handlers; the reader's settings
+    (crusher geometry, subsequence index) reach the description, the rest the simulator."""
+    from blochsim.simulators import FSESimulator
+
+    sim = FSESimulator.from_pulseq(path("tse_v15"), crusher_dephasing_rad=6 * math.pi, voxel_size_m=1e-3,
+                                   subsequence_index=3, states=16)
+    described = sim.describe()
+    assert (described.subsequence_index, described.crusher_dephasing_rad, described.voxel_size_m) == \
+        (3, 6 * math.pi, 1e-3)
+    by_physics = Simulator.from_pulseq(path("tse_v15"), model=FSESimulator.model, states=16)
+    tissue = {"T1": 1000.0, "T2": 80.0, "repetitions": 2}  # FSESimulator's class default differs from the base's
+    assert rel_max_err(sim.simulate(**tissue, **F64), by_physics.simulate(**tissue, **F64)) < 1e-12
+    with pytest.raises(ValueError, match="needs model=SpinPhysics"):
+        Simulator.from_pulseq(path("tse_v15"))
