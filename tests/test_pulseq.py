@@ -357,3 +357,15 @@ def test_concrete_simulator_from_pulseq_with_reader_settings():
     assert rel_max_err(sim.simulate(**tissue, **F64), by_physics.simulate(**tissue, **F64)) < 1e-12
     with pytest.raises(ValueError, match="needs model=SpinPhysics"):
         Simulator.from_pulseq(path("tse_v15"))
+
+
+def test_half_raster_gradient():
+    """A 1.5 arbitrary gradient of time shape -1 (samples every half raster, from `first` at 0 to `last` at
+    (n + 1) halves): a constant 10 kHz/m of 119 samples spans the 600 us readout block, so after the -2.5 /m
+    prephaser k crosses 0 at 250 us, 3 dwells into the readout."""
+    text = TINY.replace("3 60 0 2 0 0 1 0", "3 60 0 4 0 0 1 0").replace("7 60 0 2 0 0 2 0", "7 60 0 4 0 0 2 0")
+    text = text.replace("# id amplitude rise flat fall delay\n", "[GRADIENTS]\n4 10000 10000 10000 3 -1 0\n\n"
+                        "# id amplitude rise flat fall delay\n")
+    text += "shape_id 3\nnum_samples 119\n1\n0\n0\n116\n\n"
+    description = read_pulseq_description(text.encode())
+    assert [e.timestamp_us for e in events_of(description, 2)] == pytest.approx([650.0], abs=1e-9)
