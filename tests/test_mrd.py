@@ -83,6 +83,7 @@ def test_round_trip_through_ismrmrd_stream_and_simulate():
     """MRF (ideal pulses, inversion), a shaped-pulse SPGR and a Pulseq TSE (sinc pulses with slice bandwidths)
     written in one stream and read back: the same events, definitions and signals; the stream is left at the
     first acquisition."""
+    pytest.importorskip("ismrmrd", minversion="1.15")
     from ismrmrd.serialization import ProtocolDeserializer
 
     mrf = mrf_description(torch.deg2rad(torch.linspace(10, 60, 25)).tolist(), 0.012, inversion_time_s=0.04)
