@@ -166,7 +166,7 @@ class Estimator(torch.nn.Module):
                 raise ValueError(f"{kind}.fit: name at least one unknown, e.g. fit(T1=(200, 3000), T2=(10, 300)) "
                                  "or fit(unknown={'T1': values})")
             values, known_draws = self._training_values(unknown, known, samples, generator)
-            signals = self._simulate_training(values, known_draws, chunk)
+            signals = self._simulate(values, known_draws, chunk)
             names, known_names = tuple(values), tuple(known_draws)
             parameters = torch.stack([values[n] for n in names], dim=-1)
             known_values = torch.stack([known_draws[n] for n in known_names], dim=-1) if known_names else None
@@ -284,7 +284,7 @@ class Estimator(torch.nn.Module):
 
         return draw(unknown, "unknown"), draw(known, "known")
 
-    def _simulate_training(self, values: dict, known: dict, chunk: int) -> torch.Tensor:
+    def _simulate(self, values: dict, known: dict, chunk: int) -> torch.Tensor:
         """Training signals `(N, contrasts)` from the acquisition, `chunk` voxels at a time."""
         every = {**values, **known}
         count = next(iter(every.values())).shape[0]
