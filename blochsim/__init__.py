@@ -26,6 +26,7 @@ from .sequence import (
     SSFPEchoReadout,
     SSFPFidReadout,
     bSSFPReadout,
+    compose_spinor,
     read_mrd_description,
     rf_definition,
 )

@@ -1,12 +1,15 @@
 """A stand-in for `blochsim.sequence.rf.RfDefinition`, for tests of the reference engine.
 
-It has the two methods the engine reads: `signed_flip(amplitude, rf_raster_time_s=...)` -> (alpha, extra_phase) and
-`saturation(rf_raster_time_s=...)` -> S (1/s per rad^2). The default is the ideal hard pulse:
+It has the methods the engine reads: `signed_flip(amplitude, rf_raster_time_s=...)` -> (alpha, extra_phase),
+`saturation(rf_raster_time_s=...)` -> S (1/s per rad^2) and `rf_mode()` (INSTANT: one channel, a hard
+rotation). The default is the ideal hard pulse:
 alpha = amplitude, extra_phase = 0, S = -2*pi^2. Other values stand in for a shaped pulse:
 alpha = flip_per_amplitude * amplitude about the event phase + extra_phase_rad, with S given.
 """
 
 import math
+
+from blochsim.sequence.events import RfMode
 
 
 class StubRfDefinition:
@@ -24,6 +27,9 @@ class StubRfDefinition:
 
     def saturation(self, *, rf_raster_time_s: float = 1e-6) -> float:
         return self._saturation
+
+    def rf_mode(self) -> RfMode:
+        return RfMode.INSTANT
 
 
 def ideal_rf_definition(definition_id: int = 0) -> StubRfDefinition:

@@ -134,12 +134,24 @@ precessed a net time τ by exp(-|τ|/T2'), and with steady winding every pathway
 that reaches F+(0) at a sample has precessed T_w times its net order plus the
 open time since its pulse.
 
-Not modelled here: static shims (shim_id != 0); they raise NotImplementedError
-rather than being ignored.
+Transmission and the slice
+--------------------------
+`blochsim._reference.pulse` plays the pulses: hard rotations, or per voxel the Cayley-Klein pair of
+`blochsim.sequence.spinor` (its module docstring: the convention, the 3x3 form, positions in slice
+thicknesses, the reference to the pulse middle). Channels (API.md 4.3): when an RF event plays a static shim
+(shim_id > 0) or a DYNAMIC (multi-channel) definition, B1 and B1phase carry a leading channel axis C (a number
+is every channel's), the channel fields are B1_c e^{i B1phase_c}, a shim's field is sum_c w_c B1_c
+e^{i B1phase_c}, and every rotating pulse must then play a shim or a dynamic definition. `across_slice`
+(an int or an `ExactSliceProfile`) replicates the tissue over the profile's positions (a trailing voxel
+axis) and averages the samples over them; a PROFILED definition is then composed per position and voxel
+(without it, every definition turns by its integral, at the slice centre of a real envelope). Not modelled:
+the semisolid pool under a dynamic pulse (NotImplementedError), and the slice position's frequency offset in
+the semisolid lineshape (the saturation takes the nominal effective flip at every position).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +159,11 @@ import torch
 
 from .._arrays import differentiated
 from ..physics.lineshape import LINESHAPES
-from ..sequence.events import AdcRole, EventAction, EventType, RfUse
+from ..sequence.events import AdcRole, EventAction, EventType, RfMode, RfUse
+from ..sequence.spinor import slice_profile_of
 from ..sequence.tissue import TissueProperties
 from .interval import _Interval, _interval, _Span, _spans
-from .pulse import _pulse, _sample
+from .pulse import _pulse, _sample, _Transmit
 from .state import _equilibrium, _shift, _spoil
 from .tissue import (
     COMPLEX,
@@ -255,26 +268,95 @@ def play(
     repetitions: int = 1,
     record: str = "all",
     lineshape: str = "super-lorentzian",
+    across_slice=None,
 ) -> ReferenceResult:
     """Play `description` `repetitions` times on `tissue` and return the samples and final states.
 
     description: a `SequenceDescription`; tissue: `TissueProperties` whose fields are numbers or
-    float tensors broadcasting to voxel_shape (cast to float64); states: K >= 1 configuration orders
+    float tensors broadcasting to voxel_shape (cast to float64; B1 and B1phase with a leading channel axis
+    when the description plays shims or dynamic pTx pulses); states: K >= 1 configuration orders
     per pool; repetitions >= 1, samples come from the last one; record: "all", "acquired" or "echo";
-    lineshape: the semisolid absorption lineshape (see `blochsim.physics.lineshape`).
+    lineshape: the semisolid absorption lineshape (see `blochsim.physics.lineshape`); across_slice: None,
+    an int or an `ExactSliceProfile` (the module docstring, "Transmission and the slice").
 
     The oracle runs on the CPU: tissue and event tensors must be CPU tensors.
 
-    Returns a `ReferenceResult`: signal (*voxel_shape, samples) and the final states
-    (*voxel_shape, pools, states), all complex128. The semantics are in the module docstring.
+    Returns a `ReferenceResult`: signal (*voxel_shape, samples), averaged over the slice positions, and the
+    final states (*voxel_shape, pools, states), with a positions axis after voxel_shape when slice-resolved;
+    all complex128. The semantics are in the module docstring.
     Raises ValueError for bad arguments, NaN or negative relaxation times, and fractions < 0
     or summing to more than 1.
     """
     _check_settings(states, repetitions, record, lineshape)
+    profile = slice_profile_of(across_slice)
+    tissue, transmit = _transmission(description, tissue, profile)
     pools, values = _pools(tissue)
-    steps = _prepare(description, tissue, pools, values, states, lineshape)
+    steps = _prepare(description, tissue, pools, values, states, lineshape, transmit)
     state, samples, walk = _repeat(description.events, steps, pools, values, states, repetitions, record)
-    return _result(tissue, pools, values, state, samples, walk)
+    result = _result(tissue, pools, values, state, samples, walk)
+    if profile is None:
+        return result
+    return dataclasses.replace(result, signal=result.signal.mean(-2))
+
+
+def _channel_count(description) -> int | None:
+    """Channels the description's RF events drive: from their shims (ids > 0) and dynamic definitions; None
+    when none plays either. ValueError when they disagree."""
+    counts = {}
+    for i, event in enumerate(description.events):
+        if event.type != EventType.RF or event.rf_use == RfUse.INVERSION:
+            continue
+        shim_id = int(event.rf_shim_id)
+        if shim_id != 0:
+            shim = description.shim_definitions.get(shim_id)
+            if shim is None:
+                raise ValueError(f"events[{i}] plays shim_id={shim_id}, which shim_definitions does not hold "
+                                 f"(ids: {sorted(description.shim_definitions)})")
+            counts.setdefault(shim.channel_count, i)
+        definition = description.rf_definitions[event.rf_definition_id]
+        if definition.rf_mode() == RfMode.DYNAMIC:
+            counts.setdefault(definition.channel_count, i)
+    if len(counts) > 1:
+        raise ValueError("the shims and dynamic definitions drive different channel counts: "
+                         + ", ".join(f"{c} (events[{i}])" for c, i in counts.items()))
+    return next(iter(counts), None)
+
+
+def _transmission(description, tissue: TissueProperties, profile) -> tuple:
+    """(tissue, _Transmit): the channel fields taken off B1 and B1phase (which become 1 and 0, broadcast over
+    the fields' voxel shape), and with a profile, every field given a trailing positions axis."""
+    channels = _channel_count(description)
+    fields = dict(tissue.items())
+    field = None
+    if channels is not None:
+        maps = []
+        for name in ("b1", "b1_phase_rad"):
+            value = _f64(fields[name])
+            if value.dim() == 0:
+                value = value.reshape(1)  # every channel's
+            elif value.shape[0] != channels:
+                raise ValueError(f"{name} must carry a leading channel axis of {channels} channels (the shims' and "
+                                 f"dynamic pulses'), got shape {tuple(value.shape)}")
+            maps.append(value)
+        dims = max(m.dim() for m in maps)  # the voxel axes align after the channel axis
+        maps = [m.reshape(m.shape[:1] + (1,) * (dims - m.dim()) + m.shape[1:]) for m in maps]
+        magnitude, phase = torch.broadcast_tensors(*maps)
+        magnitude, phase = (m.expand((channels,) + m.shape[1:]) for m in (magnitude, phase))
+        field = torch.polar(magnitude, phase)  # (C, *V)
+        fields["b1"], fields["b1_phase_rad"] = torch.ones(field.shape[1:], dtype=REAL), 0.0
+    positions = None
+    if profile is not None:
+        positions = profile.positions()
+        count = positions.numel()
+        for name, value in fields.items():
+            if isinstance(value, torch.Tensor):
+                fields[name] = value.unsqueeze(-1)
+        t1 = _f64(fields["t1_ms"])  # expanded: it carries the positions axis into the voxel shape
+        t1 = t1.reshape(1) if t1.dim() == 0 else t1
+        fields["t1_ms"] = t1.expand(t1.shape[:-1] + (count,))
+        if field is not None:
+            field = field.unsqueeze(-1)
+    return TissueProperties(**fields), _Transmit(field, positions)
 
 
 def _check_settings(states, repetitions, record, lineshape) -> None:
@@ -300,7 +382,7 @@ class _Steps:
     pulses: dict  # event index -> its pulse, for RF events
 
 
-def _prepare(description, tissue, pools, values, states: int, lineshape: str) -> _Steps:
+def _prepare(description, tissue, pools, values, states: int, lineshape: str, transmit: _Transmit) -> _Steps:
     crusher = float(description.crusher_dephasing_rad) != 0.0 and description.voxel_size_m is not None
     moving = isinstance(tissue.velocity_m_per_s, torch.Tensor) or float(tissue.velocity_m_per_s) != 0.0
     geometry = {
@@ -330,7 +412,8 @@ def _prepare(description, tissue, pools, values, states: int, lineshape: str) ->
         for i, step in enumerate(intervals)
     ]
     pulses = {
-        i: _pulse(e, description, pools, values, lineshape) for i, e in enumerate(events) if e.type == EventType.RF
+        i: _pulse(i, e, description, pools, values, lineshape, transmit)
+        for i, e in enumerate(events) if e.type == EventType.RF
     }
     playing_s = _f64(description.tr_duration_us) * 1e-6
     return _Steps(times_s, playing_s, intervals, later_intervals, pulses)
@@ -396,8 +479,10 @@ def simulate_reference(
     repetitions: int = 1,
     record: str = "all",
     lineshape: str = "super-lorentzian",
+    across_slice=None,
 ) -> torch.Tensor:
     """`play(...).signal`: the complex128 samples, (*voxel_shape, samples)."""
     return play(
-        description, tissue, states=states, repetitions=repetitions, record=record, lineshape=lineshape
+        description, tissue, states=states, repetitions=repetitions, record=record, lineshape=lineshape,
+        across_slice=across_slice,
     ).signal

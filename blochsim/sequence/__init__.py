@@ -29,6 +29,7 @@ from .operators import (
     register_operator,
 )
 from .rf import RfDefinition, RfShape, ShimDefinition, decompress_shape, ideal_rf_definition, rf_definition
+from .spinor import ExactSliceProfile, compose_spinor, exact_slice_profile
 from .tissue import TissueProperties
 
 __all__ = [
@@ -67,6 +68,10 @@ __all__ = [
     "rf_definition",
     "ideal_rf_definition",
     "ShimDefinition",
+    # pulses, slice profiles, spinors (6.5)
+    "ExactSliceProfile",
+    "exact_slice_profile",
+    "compose_spinor",
     # descriptions (6.4)
     "SequenceDescription",
     "fse_description",
