@@ -27,9 +27,9 @@ from blochsim import _distributed, _sharding
 from blochsim.simulators import MRFSimulator
 
 HERE = pathlib.Path(__file__).resolve().parent
-ROOT = pathlib.Path(blochsim.__file__).resolve().parents[1]  # the checkout whose blochsim is under test
+ROOT = pathlib.Path(blochsim.__file__).resolve().parents[1]  # where the blochsim under test is imported from
 WORKERS = HERE / "_distributed_workers.py"
-EXAMPLE = ROOT / "examples" / "distributed_dictionary.py"
+EXAMPLE = HERE.parent / "examples" / "distributed_dictionary.py"  # the checkout's (not installed with blochsim)
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
