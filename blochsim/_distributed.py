@@ -12,10 +12,12 @@ voxels [r*V//W, (r+1)*V//W).
   `Shard(start, stop, total)`.
 
 Gradients. Reverse mode sums the gradients of the protocol (and of every tissue value shared by several
-voxels) over the ranks, so every rank sees the whole design gradient; a per-voxel tissue map gets its
-gradient on the rank that owns the voxel (zero elsewhere). With `gather=True` every rank is expected to
-compute the same loss from the gathered result (the usual data-parallel pattern): the gradient is that of
-the one loss, not of W copies of it. With `gather=False` it is the gradient of the sum of the ranks' losses.
+voxels) over the ranks, so every rank sees the whole design gradient. With `gather=True` every rank is
+expected to compute the same loss from the gathered result (the usual data-parallel pattern): the gradient
+is that of the one loss, not of W copies of it, and a per-voxel tissue map gets its whole gradient on every
+rank (its rows all-gathered), as the call outside the block would give it (`ModelOperator.A_vjp` then
+works unchanged). With `gather=False` it is the gradient of the sum of the ranks' losses, and a per-voxel
+tissue map gets its gradient on the rank that owns the voxel (zero elsewhere).
 Every rank must call `backward()` (the sum is a collective). The collectives come in pairs that are each
 other's derivative (all-gather and slice, all-reduce and identity), so second order (an HVP through
 `torch.autograd.grad(..., create_graph=True)`) is exact, for losses that couple voxels of different ranks too.
@@ -219,8 +221,14 @@ class DistributedBlock:
             return {name: _sharding.take(arrays[name], shape, first, last) if name in arrays else value
                     for name, value in tissue.items()}
 
+        own = part(start, stop)
+        if self.gather and torch.is_grad_enabled():
+            # A per-voxel map's gradient is gathered back whole on every rank, as the result is.
+            for name, t in arrays.items():
+                if t.requires_grad and tuple(t.shape) == shape:
+                    own[name] = _Slice.apply(t.reshape(-1), self, total, f"gather of {where}'s {name} gradient")
         with suspended(), _checked_after(checked):
-            out = _sharding.call(simulator, base, diff, protocol, part(start, stop), settings)
+            out = _sharding.call(simulator, base, diff, protocol, own, settings)
 
         def probe():
             with suspended(), torch.no_grad():

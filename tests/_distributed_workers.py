@@ -91,16 +91,30 @@ def check_gradients(rank: int, world: int, sim) -> None:
     got = torch.autograd.grad(loss(signal), (flip, t1, t2))
     assert rel(got[0], reference[0]) < SUM_ORDER, rel(got[0], reference[0])
     assert rel(got[2], reference[2]) < SUM_ORDER, rel(got[2], reference[2])
+    assert torch.equal(got[1], reference[1])  # the per-voxel map's gradient, gathered whole
+
+    # gather=False: the gradient of the sum of the ranks' losses; the map's stays with its rows.
+    with blochsim.distributed(gather=False):
+        mine = sim.simulate(flip=flip, T1=t1, T2=t2)
+    got = torch.autograd.grad(loss(mine), (flip, t1))
+    assert rel(got[0], reference[0]) < SUM_ORDER, rel(got[0], reference[0])
     start, stop = rank * 15 // world, (rank + 1) * 15 // world
     own = torch.zeros(15, dtype=torch.bool)
     own[start:stop] = True
     assert torch.equal(got[1][own], reference[1][own]) and not got[1][~own].any()
 
-    # gather=False: the gradient of the sum of the ranks' losses.
-    with blochsim.distributed(gather=False):
-        mine = sim.simulate(flip=flip, T1=t1, T2=t2)
-    got = torch.autograd.grad(loss(mine), (flip,))
-    assert rel(got[0], reference[0]) < SUM_ORDER, rel(got[0], reference[0])
+    # ModelOperator (blochsim.recon) through the split simulator: its prediction, J d and J^H v.
+    op = blochsim.ModelOperator(MRFSimulator(flip=flips().float(), TR=10.0), "T1", "T2",
+                                bounds={"T1": (100.0, 3000.0), "T2": (10.0, 300.0)})
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(13, op.channels, generator=g)
+    v = torch.randn(13, 24, generator=g, dtype=torch.complex64)
+    d = torch.randn(13, op.channels, generator=g)
+    reference = (op.A(x), op.A_jvp(x, d), op.A_vjp(x, v))
+    with blochsim.distributed():
+        got = (op.A(x), op.A_jvp(x, d), op.A_vjp(x, v))
+    for a, b in zip(got, reference, strict=True):
+        assert torch.equal(a, b), rel(a, b)
 
 
 def check_second_order(sim) -> None:
