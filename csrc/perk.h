@@ -89,7 +89,7 @@ typedef struct bs_perk_accumulate_args {
   double* feature_sum;     /* [F] float64, added to, or null                                */
   double* feature_gram;    /* [F, F] float64, added to, or null                             */
   double* feature_target;  /* [F, T] float64, added to, or null                             */
-  void* scratch;           /* the chunk's features [n, F] of dtype, host and device          */
+  void* scratch;           /* the chunk's features, host and device: bs_perk_scratch_bytes  */
   int64_t scratch_bytes;
 } bs_perk_accumulate_args;
 

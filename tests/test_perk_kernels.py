@@ -206,8 +206,8 @@ def test_c_abi_refuses_bad_arguments():
     small = kernels._AccumulateArgs(0, 1, None, rf.struct(), 4, 0, x.data_ptr(), None, None, None, None,
                                     out.data_ptr(), 16)
     assert lib.bs_perk_accumulate(ctypes.byref(small)) != 0
-    assert "scratch must hold the chunk's features: 160 bytes" in lib.bs_last_error().decode()
-    assert lib.bs_perk_scratch_bytes(2, ctypes.byref(small)) == 4 * 10 * 4
+    assert "scratch must hold the chunk's features: 1024 bytes" in lib.bs_last_error().decode()
+    assert lib.bs_perk_scratch_bytes(2, ctypes.byref(small)) == 4 * 64 * 4  # 4 samples x 10 features in a tile
     assert lib.bs_perk_scratch_bytes(7, ctypes.byref(small)) == -1
     assert "pass must be 0 (map), 1 (VJP) or 2 (accumulate), got 7" in lib.bs_last_error().decode()
 

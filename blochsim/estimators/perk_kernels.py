@@ -233,14 +233,17 @@ def accumulate(x: torch.Tensor, rf: RandomFeatures, target: torch.Tensor | None,
         return
     if n == 0:
         return
-    scratch = torch.empty((n, F), dtype=dtype, device=x.device)
 
     def ptr(t):
         return None if t is None else t.data_ptr()
 
     args = _AccumulateArgs(_dtype_code(dtype), _threads(), None, rf.struct(), n, T, x.data_ptr(), ptr(target),
-                           ptr(feature_sum), ptr(feature_gram), ptr(feature_target), scratch.data_ptr(),
-                           scratch.numel() * scratch.element_size())
+                           ptr(feature_sum), ptr(feature_gram), ptr(feature_target))
+    need = lib.bs_perk_scratch_bytes(_PASS["bs_perk_accumulate"], ctypes.byref(args))
+    if need < 0:
+        nat.check_status(lib, 1, "bs_perk_scratch_bytes")
+    scratch = torch.empty(max(int(need), 1), dtype=torch.uint8, device=x.device)  # the chunk's features
+    args.scratch, args.scratch_bytes = scratch.data_ptr(), int(need)
     _run(lib, x.device, "bs_perk_accumulate", args)
 
 

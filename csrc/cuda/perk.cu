@@ -26,7 +26,7 @@
 namespace bs {
 namespace perk_device {
 
-constexpr int kTile = 64;     // rows and features of a block's tile
+constexpr int kTile = static_cast<int>(perk::kFeatureTile);  // rows and features of a block's tile
 constexpr int kStep = 16;     // input columns per shared-memory step
 constexpr int kThreads = 256; // 16 x 16
 constexpr int kBlocksPerSm = 4;

@@ -22,6 +22,8 @@ namespace bs {
 namespace perk {
 
 constexpr int kMaxOutputs = BS_PERK_MAX_OUTPUTS;
+// Features per tile, host and device: sums over more features than this are float64 across tiles.
+constexpr int64_t kFeatureTile = 64;
 
 // ---- the feature function ------------------------------------------------------------------------------
 template <class R>
@@ -138,9 +140,12 @@ inline void check(const bs_perk_vjp_args& a) {
           "input [V, D], head [T, F], cotangent [V, T] and input_grad [V, D] must not be null");
 }
 
+// The fit's scratch: the chunk's features, F rounded up to whole tiles ([tiles][n][kFeatureTile] on the host,
+// [n][F] on the device).
 template <class R>
 int64_t accumulate_scratch_bytes(const bs_perk_accumulate_args& a) {
-  return a.num_samples * a.features.num_features * static_cast<int64_t>(sizeof(R));
+  const int64_t padded = (a.features.num_features + kFeatureTile - 1) / kFeatureTile * kFeatureTile;
+  return a.num_samples * padded * static_cast<int64_t>(sizeof(R));
 }
 
 template <class R>
@@ -153,7 +158,7 @@ inline void check(const bs_perk_accumulate_args& a) {
           "target [n, T] must not be null when feature_target is given and T > 0");
   require(a.num_samples == 0 || (a.scratch && a.scratch_bytes >= accumulate_scratch_bytes<R>(a)),
           "scratch must hold the chunk's features: " + std::to_string(accumulate_scratch_bytes<R>(a)) +
-              " bytes (n * F * dtype size), got " + std::to_string(a.scratch_bytes));
+              " bytes (bs_perk_scratch_bytes), got " + std::to_string(a.scratch_bytes));
 }
 
 }  // namespace perk
