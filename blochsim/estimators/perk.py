@@ -197,8 +197,7 @@ class PERK(Estimator):
             rsums["y"] += residual.sum(0, dtype=torch.float64)
             rcount += x.shape[0]
             bar.update(x.shape[0])
-        rsums["zz"] = sums["zz"] * (rcount / count)  # the first pass's covariance, at this pass's count
-        _, head, offset = self._solve(rsums, rcount, factor)
+        _, head, offset = self._solve(rsums, rcount, factor)  # the first pass's covariance (its Cholesky factor)
         self._set("uncertainty_head", head)
         self._set("uncertainty_offset", offset)
 
