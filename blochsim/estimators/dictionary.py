@@ -169,7 +169,8 @@ class DictionaryMatcher(Estimator):
             unit = bank.unit_atoms(bank.rows).to(torch.complex64 if bank.complex else torch.float32)
             found = mt.build_grouping(unit, self.groups, generator)
             labels = found["labels"]
-            members += [index[(labels == g).nonzero()[:, 0]] for g in range(found["centres"].shape[0])]
+            order = labels.argsort(stable=True)
+            members += list(index[order].split(torch.bincount(labels, minlength=found["centres"].shape[0]).tolist()))
             found["representative"] = index[found["representative"]]
             found["known_set"] = torch.full((found["centres"].shape[0],), s, dtype=torch.int64)
             parts.append(found)
@@ -256,7 +257,7 @@ class DictionaryMatcher(Estimator):
                     bank.probe_rows.shape[0], max(b - a for a, b in zip(bank.offsets[:-1], bank.offsets[1:],
                                                                           strict=True)))
                 per_block, atoms_per_block = _block(bank, width, total, budget, self.query_chunk_size,
-                                                    self.dictionary_chunk_size)
+                                                    self.dictionary_chunk_size, device)
                 for start in range(0, total, per_block):
                     rows = slice(start, min(total, start + per_block))
                     where = rows if voxels is None else voxels[rows].to(home)
@@ -329,11 +330,19 @@ def _nearest(values: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     return torch.where((values - grid[left]).abs() <= (grid[right] - values).abs(), left, right)
 
 
-def _block(bank, width: int, voxels: int, budget: int, query_cap, atom_cap) -> tuple:
-    """(voxels per block, atoms per block) for a bank whose blocks score `width` columns per voxel."""
-    entries = min(max(budget // mt.BYTES_PER_SCORE, 1), mt.MAX_BLOCK_SCORES)
-    atoms = max(1, min(bank.count, atom_cap or bank.count, max(1024, entries // 4096), entries))
-    columns = max(min(width, atoms) if bank.groups is None else width, 1)
+def _block(bank, width: int, voxels: int, budget: int, query_cap, atom_cap, device: torch.device) -> tuple:
+    """(voxels per block, atoms per block) for a bank whose blocks score `width` columns per voxel (its atoms;
+    with groups, the larger of its probes and its largest group)."""
+    entries = max(budget // mt.BYTES_PER_SCORE, 1)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    if bank.groups is None:
+        entries = min(entries, mt.BLOCK_SCORES[kind])
+        atoms = max(1, min(bank.count, atom_cap or bank.count, entries // mt.BLOCK_QUERIES[kind]))
+        columns = atoms
+    else:
+        entries = min(entries, mt.MAX_BLOCK_SCORES)
+        atoms = max(1, min(width, atom_cap or width))
+        columns = width
     if columns > entries:
         raise ValueError(f"DictionaryMatcher: the byte budget ({budget} bytes) holds no block of one voxel against "
                          f"{columns} atoms; give a larger budget_bytes (execution(budget_bytes=...)) or a smaller "
