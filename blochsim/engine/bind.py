@@ -28,7 +28,7 @@ from .. import _native as nat
 from .._arrays import LastResult, reverse_jvps
 from ..sequence.tissue import IDENTITY
 from . import kernels as K
-from .functions import EpgJacobian, run_forward
+from .functions import run_forward, run_jacobian
 from .pools import interval_rows, pool_tables
 from .program import Program
 from .tissue import PackedTissue
@@ -141,7 +141,7 @@ def run(program: Program, packed: PackedTissue, tissue: Mapping, *, values: tupl
         signal = run_forward(static, inputs).reshape(voxel_shape + (S,))
         return apply_t2_prime(timed, t2_prime_ms, signal)
     tangents = tissue_tangents(program, _lengths(program, values), tissue, packed, inputs, jacobian, lineshape)
-    signal, jac = EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
+    signal, jac = run_jacobian(static, inputs, tangents)
     signal = signal.reshape(voxel_shape + (S,))
     jac = jac.permute(1, 0, 2).reshape(voxel_shape + (len(jacobian), S))  # [P, V, S] -> (*voxel, P, S)
     return apply_t2_prime(timed, t2_prime_ms, signal, jac, jacobian)

@@ -20,15 +20,14 @@ import torch
 
 from .. import _execution
 from .._arrays import transformed
+from .._tracing import planning
 from . import kernels as K
+from . import ops
 from .vmap import holds_batch, vmap_rule
 
-__all__ = ["EpgSimulate", "EpgVjp", "EpgJacobian", "THIRD_ORDER_MESSAGE", "run_forward"]
+__all__ = ["EpgSimulate", "EpgVjp", "EpgJacobian", "THIRD_ORDER_MESSAGE", "run_forward", "run_jacobian"]
 
-THIRD_ORDER_MESSAGE = (
-    "blochsim gives first and second derivatives only: no third-order pass exists "
-    "(differentiate a gradient or a Jacobian once, not twice)"
-)
+THIRD_ORDER_MESSAGE = ops.THIRD_ORDER_MESSAGE
 
 
 class _NoThirdOrder(torch.autograd.Function):
@@ -70,10 +69,20 @@ def _as_tangent(t, like):
 
 def run_forward(static, inputs) -> torch.Tensor:
     """`EpgSimulate.apply(static, *inputs)`, or the kernel directly when nothing can carry a derivative:
-    `Function.apply` costs tens of microseconds per call (it binds its signature every time)."""
+    `Function.apply` costs tens of microseconds per call (it binds its signature every time). While a
+    compiled plan is recorded (`blochsim._tracing`), the custom op, which the recording keeps."""
+    if planning():
+        return ops.forward(static, inputs)
     if transformed() or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
         return EpgSimulate.apply(static, *inputs)
     return K.forward(static, inputs)
+
+
+def run_jacobian(static, inputs, tangents) -> tuple:
+    """(signal [V, S], J [P, V, S]): `EpgJacobian.apply`, or the custom op while a plan is recorded."""
+    if planning():
+        return ops.jvp(static, inputs, tangents)
+    return EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
 
 
 class EpgSimulate(torch.autograd.Function):

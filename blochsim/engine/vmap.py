@@ -23,6 +23,8 @@ import torch
 from torch._C import _functorch
 from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 
+from .._tracing import traced_call, tracing
+
 __all__ = ["loop_under_vmap", "vmap_rule", "holds_batch"]
 
 
@@ -110,12 +112,15 @@ _UNDER_ANOTHER = (
 def loop_under_vmap(function):
     """Decorator of a public entry point: under vmap (innermost), one call per batch entry (module doc).
 
-    Outside torch.func transforms the call goes straight through (one C call looks at the transform
+    While torch.compile or torch.export traces, the call is planned (`blochsim._tracing`). Outside torch.func
+    transforms the call goes straight through (one C call looks at the transform
     stack). Under another transform whose arguments hold a vmap batch from further out, NotImplementedError.
     """
 
     @functools.wraps(function)
     def looped(*args, **kwargs):
+        if tracing():  # torch.compile / torch.export: planned once, then traced operations (blochsim._tracing)
+            return traced_call(function, args, kwargs)
         if _functorch.peek_interpreter_stack() is None:
             return function(*args, **kwargs)
         interpreter = retrieve_current_functorch_interpreter()

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .._arrays import differentiated, transformed
+from .._tracing import deferred_under_compile
 from .columns import EventColumns, attach, sources, walk
 from .description import SequenceDescription
 from .events import AdcRole, EventAction, EventType, RfUse, as_float, check_action, trusted_event
@@ -272,6 +273,7 @@ def _train(head: list, flips: _Shots, phases: _Shots, trs: list | None, roles: l
     return _finish(_later(events), end_s, crusher_dephasing_rad, voxel_size_m, columns)
 
 
+@deferred_under_compile
 def fse_description(flip_rad, echo_spacing_s, *, phases_rad=0, excitation_flip_rad=math.pi / 2,
                     excitation_phase_rad=math.pi / 2, repetition_time_s=None, crusher_dephasing_rad=0.0,
                     voxel_size_m=None) -> SequenceDescription:
@@ -336,6 +338,7 @@ def _fse_train(flips: _Shots, phases: _Shots, half_s, excitation_flip_rad, excit
     return _finish(_later(events), end_s, crusher_dephasing_rad, voxel_size_m, columns)
 
 
+@deferred_under_compile
 def mrf_description(flip_rad, repetition_time_s, *, inversion_time_s=0, phases_rad=0, inversion=True,
                     crusher_dephasing_rad=0.0, voxel_size_m=None) -> SequenceDescription:
     """MR fingerprinting (FISP): an ideal inversion and a `Delay(inversion_time_s)`, then per TR
@@ -363,6 +366,7 @@ def _spoiled_shots(flips: _Shots, trs: list, phases: _Shots, roles):
     return [Excitation(a, p) @ SPGRReadout(p, duration_s=tr, role=r) for a, tr, p, r in shots]
 
 
+@deferred_under_compile
 def mpnrage_description(nshots, flip_rad, repetition_time_s, *, inversion_time_s=0, phases_rad=0,
                         crusher_dephasing_rad=0.0, voxel_size_m=None) -> SequenceDescription:
     """MPnRAGE: an inversion, `Delay(inversion_time_s)`, then `nshots` spoiled shots
@@ -384,6 +388,7 @@ def mpnrage_description(nshots, flip_rad, repetition_time_s, *, inversion_time_s
     return _describe(ops, crusher_dephasing_rad, voxel_size_m)
 
 
+@deferred_under_compile
 def mprage_description(nshots_before, nshots_after, flip_rad, repetition_time_s, inversion_time_s, *,
                        phases_rad=0, crusher_dephasing_rad=0.0, voxel_size_m=None) -> SequenceDescription:
     """MPRAGE: an inversion, then `nshots_before + nshots_after` spoiled shots one `repetition_time_s` apart.
@@ -416,6 +421,7 @@ def mprage_description(nshots_before, nshots_after, flip_rad, repetition_time_s,
     return _describe(ops, crusher_dephasing_rad, voxel_size_m)
 
 
+@deferred_under_compile
 def spgr_description(flip_rad, repetition_time_s, echo_time_s, *, phases_rad=0, crusher_dephasing_rad=0.0,
                      voxel_size_m=None) -> SequenceDescription:
     """Spoiled gradient echo: per shot `Excitation`, `Delay(TE)`, `SPGRReadout(duration_s=TR - TE)`.
