@@ -9,19 +9,18 @@
 
 Each op takes the structure of one kernel call, then the kernel inputs by name:
 
-    action [E] int32, record [E] int32, interval [E] int32 or None (tabulated layouts),
-    sizes = [num_repetitions, num_samples, num_states, path, checkpoint_stride, num_voxels,
-             num_transverse_pools, num_longitudinal_pools, wrap_interval, num_intervals],
-    geometry = [crusher_dk_rad_per_m, voxel_size_m],
-    dt_s [E], dt_wrap_s [1], flip_rad [E], phase_rad [E]           (the kernel dtype, on the call's device)
-    t1_ms ... velocity_m_per_s                                      ([V] or [1], None at the identity)
-    table_L, table_r, table_T, table_zeq, table_sat                 ([V or 1, ...], None for no pools)
+    action [E] int32, record [E] int32, interval [E] int32 or None   (the tensors of `kernels.Static`)
+    sizes = [num_repetitions, num_samples, num_states, path, ...]    (its int fields, in order)
+    scalars = [crusher_dk_rad_per_m, voxel_size_m]                   (its float fields)
+    dt_s [E], dt_wrap_s [1], flip_rad [E], phase_rad [E]             (the kernel dtype, on the call's device)
+    t1_ms ... velocity_m_per_s                                       ([V] or [1], None at the identity)
+    table_L, table_r, table_T, table_zeq, table_sat                  ([V or 1, ...], None for no pools)
 
 in the order of `engine.kernels` (`_native.TISSUE_PARAMS`, `_native.TABLES`); a JVP or VJP-JVP then takes one
-tangent per input (`<name>_tangent`, [P, *input.shape] or None). The schemas are generated from those name
-lists and from `SIZES` / `GEOMETRY`, so a new kernel input or setting is one name added there (and to
-`kernels.Static`). The pool tables are built by torch operations (`engine.pools`) and enter the kernels as
-these inputs; there is no separate table kernel.
+tangent per input (`<name>_tangent`, [P, *input.shape] or None). The schemas are generated from the fields of
+`kernels.Static` (`STATIC_TENSORS`, `SIZES`, `SCALARS`) and from `INPUT_NAMES`, so a new structure field
+needs no change here, and a new kernel input is one name added to `INPUT_NAMES`. The pool tables are built by
+torch operations (`engine.pools`) and enter the kernels as these inputs; there is no separate table kernel.
 
 The ops run the same code as the eager engine (`engine.kernels`: the C ABI through ctypes, on torch's current
 CUDA stream, chunked by the active execution policy), so one wheel serves every torch: nothing is compiled
@@ -42,14 +41,16 @@ Both wirings use the passes below, so the derivatives are the same arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .. import _execution
 from .. import _native as nat
 from . import kernels as K
 
-__all__ = ["INPUT_NAMES", "SIZES", "GEOMETRY", "THIRD_ORDER_MESSAGE", "static_args", "static_of", "forward", "jvp",
-           "vjp", "vjp_jvp"]
+__all__ = ["INPUT_NAMES", "STATIC_TENSORS", "SIZES", "SCALARS", "THIRD_ORDER_MESSAGE", "static_args", "static_of",
+           "forward", "jvp", "vjp", "vjp_jvp"]
 
 THIRD_ORDER_MESSAGE = (
     "blochsim gives first and second derivatives only: no third-order pass exists "
@@ -60,14 +61,27 @@ THIRD_ORDER_MESSAGE = (
 INPUT_NAMES = ("dt_s", "dt_wrap_s", "flip_rad", "phase_rad", *nat.TISSUE_PARAMS,
                *(f"table_{name}" for name in nat.TABLES))
 NUM_INPUTS = len(INPUT_NAMES)
-#: The integer settings of `kernels.Static` an op carries in its `sizes` list, in order.
-SIZES = ("num_repetitions", "num_samples", "num_states", "path", "checkpoint_stride", "num_voxels",
-         "num_transverse_pools", "num_longitudinal_pools", "wrap_interval", "num_intervals")
-#: The float settings an op carries in its `geometry` list, in order.
-GEOMETRY = ("crusher_dk_rad_per_m", "voxel_size_m")
+
+def _static_fields(kind: str) -> tuple:
+    """The fields of `kernels.Static` an op carries, by the kind of their annotation: "Tensor" (its own
+    argument), "int" (the `sizes` list), "float" (the `scalars` list). dtype and device come from the inputs."""
+    out = []
+    for f in dataclasses.fields(K.Static):
+        annotation = str(f.type)
+        if kind == "Tensor" and "Tensor" in annotation or kind in ("int", "float") and annotation == kind:
+            out.append(f.name)
+    return tuple(out)
+
+
+#: The structure tensors of `kernels.Static` (each its own op argument, None where absent), in field order.
+STATIC_TENSORS = _static_fields("Tensor")
+#: The integer settings an op carries in its `sizes` list, in `kernels.Static`'s field order.
+SIZES = _static_fields("int")
+#: The float settings an op carries in its `scalars` list.
+SCALARS = _static_fields("float")
 _VOXELS = SIZES.index("num_voxels")
 _SAMPLES = SIZES.index("num_samples")
-NUM_STATIC = 5  # action, record, interval, sizes, geometry
+NUM_STATIC = len(STATIC_TENSORS) + 2  # the tensors, sizes, scalars
 
 _NAMESPACE = "blochsim"
 _LIB = torch.library.Library(_NAMESPACE, "DEF")  # this module owns the namespace
@@ -78,7 +92,7 @@ def _schema_inputs(suffix: str = "") -> str:
                      for i, name in enumerate(INPUT_NAMES))
 
 
-_STATIC_SCHEMA = "Tensor action, Tensor record, Tensor? interval, int[] sizes, float[] geometry"
+_STATIC_SCHEMA = ", ".join(f"Tensor? {name}" for name in STATIC_TENSORS) + ", int[] sizes, float[] scalars"
 _SCHEMAS = {
     "epg_forward": f"({_STATIC_SCHEMA}, {_schema_inputs()}) -> Tensor",
     "epg_jvp": f"({_STATIC_SCHEMA}, {_schema_inputs()}, {_schema_inputs('_tangent')}) -> (Tensor, Tensor)",
@@ -93,15 +107,17 @@ for _name, _schema in _SCHEMAS.items():
 
 # -- structure <-> op arguments ---------------------------------------------------------------------
 def static_args(st: K.Static) -> tuple:
-    """The structure arguments of an op call: (action, record, interval, sizes, geometry)."""
-    return (st.action, st.record, st.interval, [int(getattr(st, name)) for name in SIZES],
-            [float(getattr(st, name)) for name in GEOMETRY])
+    """The structure arguments of an op call: the structure tensors, sizes, scalars."""
+    return (*(getattr(st, name) for name in STATIC_TENSORS), [int(getattr(st, name)) for name in SIZES],
+            [float(getattr(st, name)) for name in SCALARS])
 
 
-def static_of(action, record, interval, sizes, geometry, like: torch.Tensor) -> K.Static:
-    """The `kernels.Static` of an op call; dtype and device are those of the event input `like` (dt_s)."""
-    return K.Static(action=action, record=record, interval=interval, dtype=like.dtype, device=like.device,
-                    **dict(zip(SIZES, sizes, strict=True)), **dict(zip(GEOMETRY, geometry, strict=True)))
+def static_of(*args) -> K.Static:
+    """The `kernels.Static` of an op call's structure arguments and its first kernel input (dt_s, whose dtype
+    and device are the call's)."""
+    *tensors, sizes, scalars, like = args
+    return K.Static(dtype=like.dtype, device=like.device, **dict(zip(STATIC_TENSORS, tensors, strict=True)),
+                    **dict(zip(SIZES, sizes, strict=True)), **dict(zip(SCALARS, scalars, strict=True)))
 
 
 def _present(inputs, wanted) -> list:
@@ -114,31 +130,32 @@ def _complex(dtype: torch.dtype) -> torch.dtype:
 
 
 # -- implementations (CPU and CUDA: the same code, which picks the library by device) -----------------
-def _forward_impl(action, record, interval, sizes, geometry, *inputs):
-    return K.forward(static_of(action, record, interval, sizes, geometry, inputs[0]), tuple(inputs))
+# Every op's arguments start with the NUM_STATIC structure arguments (`static_args`).
+def _forward_impl(*args):
+    inputs = args[NUM_STATIC:]
+    return K.forward(static_of(*args[:NUM_STATIC], inputs[0]), tuple(inputs))
 
 
-def _jvp_impl(action, record, interval, sizes, geometry, *args):
-    inputs, tangents = args[:NUM_INPUTS], args[NUM_INPUTS:]
-    st = static_of(action, record, interval, sizes, geometry, inputs[0])
-    return K.jvp(st, tuple(inputs), list(tangents))
+def _jvp_impl(*args):
+    inputs, tangents = args[NUM_STATIC:NUM_STATIC + NUM_INPUTS], args[NUM_STATIC + NUM_INPUTS:]
+    return K.jvp(static_of(*args[:NUM_STATIC], inputs[0]), tuple(inputs), list(tangents))
 
 
 def _reshaped(grads, inputs, present) -> list:
     return [g.reshape(x.shape) for g, x, p in zip(grads, inputs, present, strict=True) if p]
 
 
-def _vjp_impl(action, record, interval, sizes, geometry, wanted, cotangent, *inputs):
-    st = static_of(action, record, interval, sizes, geometry, inputs[0])
+def _vjp_impl(*args):
+    wanted, cotangent, inputs = args[NUM_STATIC], args[NUM_STATIC + 1], args[NUM_STATIC + 2:]
     present = _present(inputs, wanted)
-    grads = K.vjp(st, tuple(inputs), cotangent, present)
+    grads = K.vjp(static_of(*args[:NUM_STATIC], inputs[0]), tuple(inputs), cotangent, present)
     return _reshaped(grads, inputs, present)
 
 
-def _vjp_jvp_impl(action, record, interval, sizes, geometry, wanted, with_signal_tangent, cotangent,
-                  cotangent_tangent, *args):
-    inputs, tangents = args[:NUM_INPUTS], args[NUM_INPUTS:]
-    st = static_of(action, record, interval, sizes, geometry, inputs[0])
+def _vjp_jvp_impl(*args):
+    wanted, with_signal_tangent, cotangent, cotangent_tangent = args[NUM_STATIC:NUM_STATIC + 4]
+    inputs, tangents = args[NUM_STATIC + 4:NUM_STATIC + 4 + NUM_INPUTS], args[NUM_STATIC + 4 + NUM_INPUTS:]
+    st = static_of(*args[:NUM_STATIC], inputs[0])
     present = _present(inputs, wanted)
     grads, grads_t, signal_t = K.vjp_jvp(st, tuple(inputs), list(tangents), cotangent, cotangent_tangent, present,
                                          signal_tangent=with_signal_tangent)
@@ -152,14 +169,18 @@ def _signal_like(sizes, like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((sizes[_VOXELS], sizes[_SAMPLES]), dtype=_complex(like.dtype))
 
 
-def _forward_fake(action, record, interval, sizes, geometry, *inputs):
-    return _signal_like(sizes, inputs[0])
+def _sizes(args) -> list:
+    return args[NUM_STATIC - 2]
 
 
-def _jvp_fake(action, record, interval, sizes, geometry, *args):
-    inputs, tangents = args[:NUM_INPUTS], args[NUM_INPUTS:]
+def _forward_fake(*args):
+    return _signal_like(_sizes(args), args[NUM_STATIC])
+
+
+def _jvp_fake(*args):
+    tangents = args[NUM_STATIC + NUM_INPUTS:]
     count = max((t.shape[0] for t in tangents if t is not None), default=1)
-    signal = _signal_like(sizes, inputs[0])
+    signal = _signal_like(_sizes(args), args[NUM_STATIC])
     return signal, signal.new_empty((count,) + tuple(signal.shape))
 
 
@@ -167,14 +188,14 @@ def _grads_fake(inputs, wanted) -> list:
     return [x.new_empty(x.shape) for x, p in zip(inputs, _present(inputs, wanted), strict=True) if p]
 
 
-def _vjp_fake(action, record, interval, sizes, geometry, wanted, cotangent, *inputs):
-    return _grads_fake(inputs, wanted)
+def _vjp_fake(*args):
+    return _grads_fake(args[NUM_STATIC + 2:], args[NUM_STATIC])
 
 
-def _vjp_jvp_fake(action, record, interval, sizes, geometry, wanted, with_signal_tangent, cotangent,
-                  cotangent_tangent, *args):
-    inputs = args[:NUM_INPUTS]
-    signal_t = _signal_like(sizes, inputs[0]) if with_signal_tangent else \
+def _vjp_jvp_fake(*args):
+    wanted, with_signal_tangent = args[NUM_STATIC], args[NUM_STATIC + 1]
+    inputs = args[NUM_STATIC + 4:NUM_STATIC + 4 + NUM_INPUTS]
+    signal_t = _signal_like(_sizes(args), inputs[0]) if with_signal_tangent else \
         inputs[0].new_empty((0,), dtype=_complex(inputs[0].dtype))
     return _grads_fake(inputs, wanted), _grads_fake(inputs, wanted), signal_t
 
@@ -224,18 +245,19 @@ def _tangent(u, x):
     return u.detach().to(x.dtype).reshape((1,) + tuple(x.shape))
 
 
+_TENSORS = len(STATIC_TENSORS)
+
+
 def _save(ctx, args: tuple, first_input: int) -> None:
-    action, record, interval, sizes, geometry = args[:NUM_STATIC]
-    ctx.sizes, ctx.geometry = list(sizes), list(geometry)
-    ctx.first_input = first_input
+    ctx.sizes, ctx.scalars = list(args[_TENSORS]), list(args[_TENSORS + 1])
     ctx.policy = _execution.active()
-    ctx.save_for_backward(action, record, interval, *args[first_input:])
+    ctx.save_for_backward(*args[:_TENSORS], *args[first_input:])
 
 
 def _saved(ctx) -> tuple:
-    """(static arguments, the saved tensors after them)."""
+    """(structure arguments, the saved tensors after them)."""
     saved = ctx.saved_tensors
-    return (saved[0], saved[1], saved[2], ctx.sizes, ctx.geometry), saved[3:]
+    return (*saved[:_TENSORS], ctx.sizes, ctx.scalars), saved[_TENSORS:]
 
 
 def _forward_setup(ctx, inputs, output):
@@ -367,19 +389,19 @@ def _folds_voxels(in_dims) -> bool:
 def _forward_vmap(info, in_dims, *args):
     if not _folds_voxels(in_dims):
         return _loop(_OPS.epg_forward)(info, in_dims, *args)
-    B, sizes = info.batch_size, list(args[3])
+    B, sizes = info.batch_size, list(_sizes(args))
     V = sizes[_VOXELS]
     inputs = [_voxel_axis(x, d, B, V) if i >= K.NUM_EVENT_INPUTS else x
               for i, (x, d) in enumerate(zip(args[NUM_STATIC:], in_dims[NUM_STATIC:], strict=True))]
     sizes[_VOXELS] = B * V
-    signal = _OPS.epg_forward(*args[:3], sizes, args[4], *inputs)
+    signal = _OPS.epg_forward(*args[:_TENSORS], sizes, args[_TENSORS + 1], *inputs)
     return signal.reshape(B, V, -1), 0
 
 
 def _jvp_vmap(info, in_dims, *args):
     """`jacfwd`: a batch of tangents only becomes more tangent columns of one call; a batch of tissue and
     tangents, more voxels (a tangent [P, V or 1] batched becomes [P, B * V])."""
-    B, sizes = info.batch_size, list(args[3])
+    B, sizes = info.batch_size, list(_sizes(args))
     input_dims, tangent_dims = in_dims[NUM_STATIC:NUM_STATIC + NUM_INPUTS], in_dims[NUM_STATIC + NUM_INPUTS:]
     inputs, tangents = args[NUM_STATIC:NUM_STATIC + NUM_INPUTS], args[NUM_STATIC + NUM_INPUTS:]
     if all(d is None for d in in_dims[:NUM_STATIC]) and all(d is None for d in input_dims):
@@ -407,7 +429,7 @@ def _jvp_vmap(info, in_dims, *args):
                 _voxel_axis(t if d is None else t.movedim(d, 1), None if d is None else 1, B, V, lead=1)
                 for i, (t, d) in enumerate(zip(tangents, tangent_dims, strict=True))]
     sizes[_VOXELS] = B * V
-    signal, signal_t = _OPS.epg_jvp(*args[:3], sizes, args[4], *folded, *folded_t)
+    signal, signal_t = _OPS.epg_jvp(*args[:_TENSORS], sizes, args[_TENSORS + 1], *folded, *folded_t)
     P = signal_t.shape[0]
     return (signal.reshape(B, V, -1), signal_t.reshape(P, B, V, -1)), (0, 1)
 
