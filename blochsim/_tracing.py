@@ -35,6 +35,7 @@ import functools
 import itertools
 
 import torch
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 __all__ = ["Deferred", "deferred_under_compile", "planning", "traced_call", "tracing"]
 
@@ -149,7 +150,10 @@ def _plan(function, spec, meta, num_objects: int, *values):
     key = (function, spec, meta, tuple(id(o) for o in objects))
     hit = _KEYS.get(key)
     if hit is None:
-        graph, out_spec = _record(function, spec, objects, tensors)
+        # Outside any torch.func transform being traced (torch.func.grad of a function that simulates): the
+        # recording is of plain tensors; the transform applies to the plan's graph where Dynamo inlines it.
+        with temporarily_clear_interpreter_stack():
+            graph, out_spec = _record(function, spec, objects, tensors)
         name = f"plan_{next(_COUNTER)}"
         setattr(_PLANS, name, graph)
         hit = _KEYS[key] = (name, out_spec, objects)
@@ -165,7 +169,7 @@ def _record(function, spec, objects, tensors):
     value read on the host to decide structure would be a constant that differs between the two points, so
     the plays would never agree.
     """
-    placeholders = [t.detach().requires_grad_(t.is_floating_point() or t.is_complex()) for t in tensors]
+    placeholders = [_plain(t).detach().requires_grad_(t.is_floating_point() or t.is_complex()) for t in tensors]
     points = (placeholders, _nudged(placeholders))
     previous = None
     for play in range(_MAX_PLAYS):
@@ -269,6 +273,13 @@ def _canonical(graph: torch.fx.GraphModule) -> tuple:
             index[node] = ("step", len(steps))
             steps.append((str(node.target), arg(node.args), arg(node.kwargs)))
     return steps, constants
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` without torch.func's wrappers (the real value of a tensor inside a transform being traced)."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
 
 
 def _same(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:

@@ -381,9 +381,14 @@ def _voxel_axis(x, dim, batch: int, voxels: int, lead: int = 0):
     return x.reshape(shape[:lead] + (batch * voxels,) + shape[lead + 2:])
 
 
+def _unbatched(dims) -> bool:
+    """Whether none of these in_dims is batched (a list argument's in_dim is a list of Nones)."""
+    return all(d is None or isinstance(d, (list, tuple)) and _unbatched(d) for d in dims)
+
+
 def _folds_voxels(in_dims) -> bool:
     """A batch of tissue only: the structure and the event values are the same for every entry."""
-    return all(d is None for d in in_dims[:NUM_STATIC + K.NUM_EVENT_INPUTS])
+    return _unbatched(in_dims[:NUM_STATIC + K.NUM_EVENT_INPUTS])
 
 
 def _forward_vmap(info, in_dims, *args):
@@ -404,7 +409,7 @@ def _jvp_vmap(info, in_dims, *args):
     B, sizes = info.batch_size, list(_sizes(args))
     input_dims, tangent_dims = in_dims[NUM_STATIC:NUM_STATIC + NUM_INPUTS], in_dims[NUM_STATIC + NUM_INPUTS:]
     inputs, tangents = args[NUM_STATIC:NUM_STATIC + NUM_INPUTS], args[NUM_STATIC + NUM_INPUTS:]
-    if all(d is None for d in in_dims[:NUM_STATIC]) and all(d is None for d in input_dims):
+    if _unbatched(in_dims[:NUM_STATIC]) and _unbatched(input_dims):
         counts = [t.shape[0 if d != 0 else 1] for t, d in zip(tangents, tangent_dims, strict=True) if t is not None]
         P = max(counts, default=1)
 
