@@ -1,4 +1,7 @@
-// Forward simulation: the event loop at a real number type.
+// Forward simulation: the event loop at a real number type. Instantiated once per precision, each in a
+// translation unit of its own (CMakeLists.txt writes the units); capi.cpp calls forward_entry.
+#pragma once
+
 #include "epg_host.hpp"
 #include "epg_lanes.hpp"
 
@@ -14,6 +17,4 @@ void forward_entry(const bs_epg_forward_args& a) {
   else
     run_forward<R, Cx<R>>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.signal, nullptr);
 }
-template void forward_entry<float>(const bs_epg_forward_args&);
-template void forward_entry<double>(const bs_epg_forward_args&);
 }  // namespace bs

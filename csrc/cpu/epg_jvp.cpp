@@ -1,22 +1,13 @@
-// JVP: the forward event loop at Dual<R, P>, P tangents at once (P padded up to 1, 2, 4 or 8).
-#include "epg_host.hpp"
-#include "epg_lanes.hpp"
+// JVP: P tangents at once (P padded up to 1, 2, 4 or 8), each P compiled apart (epg_jvp.hpp).
+#include <stdexcept>
+#include <string>
+
+#include "capi.h"
 
 namespace bs {
+// Defined in epg_jvp.hpp, instantiated in the units CMakeLists.txt writes.
 template <class R, int P>
-void jvp_at(const bs_epg_jvp_args& a) {
-  using N = Dual<R, P>;
-  if (a.program.path == BS_PATH_REAL &&
-      forward_lanes<R, P>(make_problem<R>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent),
-                          a.tissue.num_voxels, a.num_threads, a.signal, a.signal_tangent))
-    return;
-  if (a.program.path == BS_PATH_REAL)
-    run_forward<N, N>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.signal,
-                      a.signal_tangent);
-  else
-    run_forward<N, Cx<N>>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.signal,
-                          a.signal_tangent);
-}
+void jvp_at(const bs_epg_jvp_args& a);
 
 template <class R>
 void jvp_entry(const bs_epg_jvp_args& a) {

@@ -1,42 +1,31 @@
-// The lane path compiled per instruction set: the x86-64 baseline (SSE2, 4 float lanes), AVX2 with FMA (8)
-// and AVX-512 (16), each in a namespace of its own, picked once per process by what the processor has.
-// The headers come first, outside the target regions, so everything they define stays baseline code
-// (a function the linker may take from any unit must be); only epg_lanes.inc's functions carry a target,
-// and the event loop's functions, always inline, are compiled into them.
+// The lane path's dispatch: the code of each instruction set (the x86-64 baseline SSE2, 4 float lanes; AVX2
+// with FMA, 8; AVX-512, 16) is compiled in a unit of its own (epg_lanes_<set>.cpp) and picked here once per
+// process by what the processor has.
 #include <cstdlib>
-#include <cstring>
+#include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <vector>
 
-#include "epg_host.hpp"
 #include "epg_lanes.hpp"
 
 namespace bs {
 
-namespace lanes_sse2 {
-constexpr int kFloatLanes = 4;
-#include "epg_lanes.inc"
-}  // namespace lanes_sse2
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)  // GCC's target regions
-#define BS_HAVE_WIDE_LANES 1
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace lanes_avx2 {
-constexpr int kFloatLanes = 8;
-#include "epg_lanes.inc"
-}  // namespace lanes_avx2
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
-namespace lanes_avx512 {
-constexpr int kFloatLanes = 16;
-#include "epg_lanes.inc"
-}  // namespace lanes_avx512
-#pragma GCC pop_options
+// Each set's entry points, defined and instantiated in its own unit. Declared here, not in a header, so in
+// that unit no declaration without the set's target comes before the definitions.
+#define BS_DECLARE_LANES(isa)                                                                        \
+  namespace isa {                                                                                    \
+  template <class R, int P>                                                                          \
+  void forward_lanes_at(const Problem<R>& pb, int64_t V, int threads, void* signal,                  \
+                        void* signal_tangent);                                                       \
+  template <class R>                                                                                 \
+  void vjp_lanes_at(const Problem<R>& pb, int64_t V, int threads, const void* cotangent,             \
+                    const bs_grads& grads);                                                          \
+  }
+BS_DECLARE_LANES(lanes_sse2)
+#ifdef BS_HAVE_WIDE_LANES
+BS_DECLARE_LANES(lanes_avx2)
+BS_DECLARE_LANES(lanes_avx512)
 #endif
+#undef BS_DECLARE_LANES
 
 namespace {
 enum class Isa { kSse2, kAvx2, kAvx512 };
@@ -94,7 +83,7 @@ bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const void* cotange
 template bool vjp_lanes<float>(const Problem<float>&, int64_t, int, const void*, const bs_grads&);
 template bool vjp_lanes<double>(const Problem<double>&, int64_t, int, const void*, const bs_grads&);
 
-#define BS_FORWARD_LANES(R)                                                  \
+#define BS_FORWARD_LANES(R)                                                         \
   template bool forward_lanes<R, 0>(const Problem<R>&, int64_t, int, void*, void*); \
   template bool forward_lanes<R, 1>(const Problem<R>&, int64_t, int, void*, void*); \
   template bool forward_lanes<R, 2>(const Problem<R>&, int64_t, int, void*, void*); \

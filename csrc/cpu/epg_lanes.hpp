@@ -88,4 +88,11 @@ bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, v
 template <class R>
 bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const void* cotangent, const bs_grads& grads);
 
+// The lane code of each instruction set is compiled in a translation unit of its own (epg_lanes_sse2.cpp,
+// epg_lanes_avx2.cpp, epg_lanes_avx512.cpp: epg_lanes.inc in a namespace per set), so the three compile side
+// by side; epg_lanes.cpp picks one per process. The wider sets need GCC's target regions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BS_HAVE_WIDE_LANES 1
+#endif
+
 }  // namespace bs

@@ -1,4 +1,7 @@
-// VJP: the checkpointed adjoint at a real number type.
+// VJP: the checkpointed adjoint at a real number type. Instantiated once per precision, each in a
+// translation unit of its own (CMakeLists.txt writes the units); capi.cpp calls vjp_entry.
+#pragma once
+
 #include "epg_host.hpp"
 #include "epg_lanes.hpp"
 
@@ -16,6 +19,4 @@ void vjp_entry(const bs_epg_vjp_args& a) {
     run_vjp<R, Cx<R>>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.cotangent, nullptr, a.grads,
                       nullptr, &a.table_grads, nullptr, nullptr, nullptr);
 }
-template void vjp_entry<float>(const bs_epg_vjp_args&);
-template void vjp_entry<double>(const bs_epg_vjp_args&);
 }  // namespace bs
