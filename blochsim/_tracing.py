@@ -15,9 +15,11 @@ traces them:
   value never decides structure) and calls the kernels as the `blochsim::` custom ops (`engine.ops`,
   `planning()` is True). The recorded graph holds torch operations from the tensors to the kernel inputs,
   the kernel ops, and what follows them (T2', the sample selection); host reads became constants.
-* the graph, moved to the device its results live on (the host copies the eager engine makes to compile a
-  program become device operations), is called on the traced tensors. Dynamo inlines it, and AOTAutograd
-  differentiates it through the ops' registered autograd.
+* operations on constants alone (the structure: event rows, interval lengths, distinct intervals) are computed
+  once and kept as constants; the graph is moved to the device its results live on (the host copies the eager
+  engine makes to compile a program become device operations) and called on the traced tensors. Dynamo hands
+  it to AOTAutograd whole (`torch._dynamo.nonstrict_trace`; inlined under torch.export), which differentiates
+  it through the ops' registered autograd.
 
 So a compiled function runs torch operations and kernel launches only: no host syncs, nothing that a
 CUDA graph (`mode="reduce-overhead"`) cannot capture. What this costs: the structure is that of the first
@@ -125,8 +127,25 @@ def traced_call(function, args: tuple, kwargs: dict):
     # Shapes as Python ints: the plan holds one structure, so Dynamo specializes on them.
     meta = tuple((tuple(int(n) for n in t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
     name, out_spec = _plan(function, spec, meta, len(objects), *objects, *tensors)
-    outputs = getattr(_PLANS, name)(*tensors)
+    plan = getattr(_PLANS, name)
+    # torch.export cannot take a nonstrict_trace call (torch 2.13: a TreeSpec weak reference): Dynamo inlines it.
+    outputs = _run(plan, *tensors) if _exporting() else _run_plan(plan, *tensors)
     return _unflatten(out_spec, outputs, ())
+
+
+def _exporting() -> bool:
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return is_exporting is not None and is_exporting()
+
+
+def _run(plan: torch.fx.GraphModule, *tensors):
+    """A plan's graph on the traced tensors."""
+    return plan(*tensors)
+
+
+# Dynamo hands the plan's graph to AOTAutograd as it is, without interpreting it node by node (hundreds of nodes
+# with pools: seconds); torch before 2.7 lacks nonstrict_trace, and there Dynamo inlines it.
+_run_plan = torch._dynamo.nonstrict_trace(_run) if hasattr(torch._dynamo, "nonstrict_trace") else _run
 
 
 # -- plans (run at trace time, on real values) ------------------------------------------------------
@@ -190,6 +209,7 @@ def _record(function, spec, objects, tensors):
     if len(out_spec) != 1 or _has_objects(out_spec[0]):
         raise TypeError(f"under torch.compile, {function.__qualname__} must return tensors, tuples or dataclasses "
                         "of tensors")
+    _fold_constants(graph)
     cuda = [r.device for r in results if isinstance(r, torch.Tensor) and r.device.type == "cuda"]
     if cuda:
         _move_to(graph, cuda[0])
@@ -336,6 +356,87 @@ def _has_objects(spec) -> bool:
     if spec[0] == "C":
         return any(_has_objects(s) for _, s in spec[2])
     return False
+
+
+def _schema(node: torch.fx.Node):
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    schema = _schema(node)
+    return schema is not None and bool(schema.returns) and schema.returns[0].alias_info is not None
+
+
+def _written(node: torch.fx.Node) -> list:
+    """The graph nodes an in-place operation writes to."""
+    schema = _schema(node)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for argument, value in zip(schema.arguments, node.args, strict=False):
+        if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.fx.Node):
+            out.append(value)
+    return out
+
+
+def _out_of_place(graph: torch.fx.GraphModule) -> None:
+    """`x.add_(y)` on a tensor `x` used by nothing else (a buffer the engine filled) as `x.add(y)`."""
+    for node in list(graph.graph.nodes):
+        written = _written(node)
+        schema = _schema(node)
+        if len(written) != 1 or written[0] is not node.args[0] or len(written[0].users) != 1 or \
+                written[0].op != "call_function" or _is_view(written[0]) or not schema.name.endswith("_"):
+            continue
+        packet = getattr(torch.ops.aten, schema.name.split("::")[1][:-1], None)
+        functional = getattr(packet, schema.overload_name or "default", None)
+        if functional is not None:
+            node.target = functional
+
+
+def _fold_constants(graph: torch.fx.GraphModule) -> None:
+    """Compute, once, every operation whose inputs are all constants (the structure: event rows, interval
+    lengths, distinct intervals) and keep its result as a constant of the graph. What remains runs on the
+    traced tensors; no data-dependent shape (torch.unique of the intervals) is left for the compiler."""
+    _out_of_place(graph)
+    pinned = set()  # tensors written in place: not constants, nor is anything they alias
+    for node in graph.graph.nodes:
+        for target in _written(node):
+            while _is_view(target) and isinstance(target.args[0], torch.fx.Node):
+                target = target.args[0]
+            pinned.add(target)
+    known = {}
+    for node in graph.graph.nodes:
+        if node.op == "get_attr":
+            known[node] = getattr(graph, node.target)
+            continue
+        schema = _schema(node)
+        if node.op != "call_function" or node in pinned or (schema is not None and (
+                schema.is_mutable or schema.name.startswith("blochsim::"))):
+            continue
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            continue
+        inputs = [a for a in node.all_input_nodes]
+        if not all(a in known for a in inputs):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: known[a])
+        known[node] = node.target(*args, **kwargs)
+    count = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node not in known or not isinstance(known[node], torch.Tensor):
+            continue
+        if all(user in known for user in node.users):
+            continue
+        name = f"_folded_{count}"
+        count += 1
+        graph.register_buffer(name, known[node])
+        with graph.graph.inserting_before(node):
+            constant = graph.graph.get_attr(name)
+        node.replace_all_uses_with(constant)
+    graph.graph.eliminate_dead_code()
+    for node in graph.graph.nodes:  # each constant its own storage (a saved export groups tensors by storage)
+        value = getattr(graph, node.target) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() != value.nbytes:
+            setattr(graph, node.target, value.clone())
 
 
 def _move_to(graph: torch.fx.GraphModule, device: torch.device) -> None:

@@ -111,6 +111,26 @@ def test_structure_read_from_a_value_is_refused():
         torch.compile(run, fullgraph=True, backend="aot_eager")(torch.tensor([2.0, 3.0]))
 
 
+def test_plan_computes_its_constants_once():
+    """Operations on constants alone (here a torch.unique, whose output shape depends on values, as the engine's
+    distinct pool intervals do) are computed when the plan is made; a buffer the call fills in place is filled
+    afresh on every call (run twice, the same result)."""
+    def fills_a_buffer(x):
+        rows = torch.unique(torch.tensor([3.0, 1.0, 3.0, 2.0], dtype=x.dtype))
+        total = torch.zeros(3, dtype=x.dtype)
+        total.add_(x * rows)
+        return total
+
+    compiled = torch.compile(lambda x: _tracing.traced_call(fills_a_buffer, (x,), {}), fullgraph=True,
+                             backend="aot_eager")
+    for x in (f64((1.0, 2.0, 3.0)), f64((-1.0, 0.5, 4.0))):
+        assert torch.equal(compiled(x), fills_a_buffer(x))
+    plan = getattr(_tracing._PLANS, _tracing._KEYS[next(k for k in reversed(_tracing._KEYS)
+                                                         if k[0] is fills_a_buffer)][0])
+    operations = {str(node.target) for node in plan.graph.nodes if node.op == "call_function"}
+    assert not any("unique" in name or name.endswith("_.Tensor") for name in operations), operations
+
+
 def test_a_deferred_description_says_what_it_offers():
     deferred = _tracing.Deferred(mrf_description, (flips(), 0.01), {})
     with pytest.raises(AttributeError, match="is built when a simulation uses it"):
