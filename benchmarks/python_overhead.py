@@ -1,4 +1,4 @@
-"""The Python layer's cost over the kernels (API.md 3.4, DESIGN.md section 2), on `MRFSimulator` with 500 flips.
+"""The Python layer's cost over the kernels (the structure cache: docs/design.md), on `MRFSimulator` with 500 flips.
 
 Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepared buffers; the bare
 `kernels.forward` is reported too):

@@ -21,7 +21,7 @@ __all__ = [
     "CUDA_PACKAGES",
 ]
 
-#: The per-CUDA-major packages and their driver floors (PACKAGING.md).
+#: The per-CUDA-major packages and their driver floors.
 CUDA_PACKAGES = {12: ("blochsim_cuda12", "cu12", "R525+"), 13: ("blochsim_cuda13", "cu13", "R580+")}
 
 

@@ -2,7 +2,7 @@
 
 Why this exists: PyPI ships no CUDA 12 nvcc, but NVRTC (`nvidia-cuda-nvrtc-cu12`) compiles the same device
 headers as nvcc, and nvFatbin (`nvidia-nvfatbin-cu12`) packs its output, so the blochsim-cuda12 wheel
-builds from PyPI packages alone (PACKAGING.md). The kernels are templates; NVRTC instantiates each one
+builds from PyPI packages alone. The kernels are templates; NVRTC instantiates each one
 from its name expression and reports its lowered (mangled) name, which the g++ launcher
 (csrc/cuda12_launcher/launcher.cpp) needs to find it in the loaded library. The expressions are those the
 launcher can start, as csrc/cuda12_launcher/kernel_list.cpp lists them from the launch plan it shares with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent GPU: the built wheels, installed as a user gets them, against the card (PACKAGING.md).
+# On the lent GPU: the built wheels, installed as a user gets them, against the card.
 # Needs dist/ (scripts/build_wheels.sh) and .whl/ (the nvidia-cuda-runtime-cu12 wheel that
 # scripts/check_wheel.py fetched); both are git-ignored, so carry them:
 #   run(command="bash scripts/gpu_wheel_check.sh", carry=["dist", ".whl"])

@@ -138,7 +138,7 @@ Transmission and the slice
 --------------------------
 `blochsim._reference.pulse` plays the pulses: hard rotations, or per voxel the Cayley-Klein pair of
 `blochsim.sequence.spinor` (its module docstring: the convention, the 3x3 form, positions in slice
-thicknesses, the reference to the pulse middle). Channels (API.md 4.3): when an RF event plays a static shim
+thicknesses, the reference to the pulse middle). Channels: when an RF event plays a static shim
 (shim_id > 0) or a DYNAMIC (multi-channel) definition, B1 and B1phase carry a leading channel axis C (a number
 is every channel's), the channel fields are B1_c e^{i B1phase_c}, a shim's field is sum_c w_c B1_c
 e^{i B1phase_c}, and every rotating pulse must then play a shim or a dynamic definition. `across_slice`

@@ -6,7 +6,7 @@ convention and the 3x3 form): a PROFILED definition in a slice-resolved playing 
 the voxel's effective flip and slice position, no table), and every DYNAMIC (multi-channel) definition
 (composed from the channels' fields in the voxel). A static shim (shim_id > 0) sets the voxel's transmit
 field to the shim's weighted sum of the channel fields: the flip scales by its magnitude and the phase gains
-its argument (API.md 4.3).
+its argument.
 """
 
 from __future__ import annotations

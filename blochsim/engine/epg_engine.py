@@ -52,7 +52,7 @@ class SimulationResult:
     time_us: float64 `(samples,)`, the ADC timestamp within its repetition (us).
     event_index: int64 `(samples,)`, the index of the ADC event in `description.events`.
     repetition: int64 `(samples,)`, the playing the sample was recorded in, from 0.
-    echo: bool `(samples,)`, the ADC event's `is_echo` [compat: the incumbent calls it an index].
+    echo: bool `(samples,)`, the ADC event's `is_echo` (the incumbent calls it an index).
     echo_index: int64 `(samples,)`, the echo number within its repetition (from 0), -1 for non-echo samples.
     """
 

@@ -1,4 +1,4 @@
-"""The kernels as torch.autograd.Functions (DESIGN.md section 4).
+"""The kernels as torch.autograd.Functions.
 
 | Function       | kernel                | gives                                                     |
 | -------------- | --------------------- | --------------------------------------------------------- |

@@ -1,4 +1,4 @@
-"""Pool tables: the interval operators of coupled pools, per voxel and distinct interval (DESIGN.md section 3).
+"""Pool tables: the interval operators of coupled pools, per voxel and distinct interval.
 
 For tissue with a semisolid pool or exchanging pools B..E, the engine forms in float64, for every voxel and
 every distinct interval length dt,

@@ -1,4 +1,4 @@
-"""Compile a `SequenceDescription` into a kernel program (DESIGN.md section 2).
+"""Compile a `SequenceDescription` into a kernel program.
 
 A program is the *structure* (per-event action bits and sample slots, the path, the order count) plus
 *values* (interval lengths, flips, phases) as torch tensors built from the description's own numbers,

@@ -1,4 +1,4 @@
-"""Tissue checks and packing: named properties -> flat per-voxel buffers for the kernels (DESIGN.md section 3).
+"""Tissue checks and packing: named properties -> flat per-voxel buffers for the kernels.
 
 The one packing of the engine: `engine.simulate`, `EpgEngine` and `Simulator` all pack through
 `pack_tissue`, which checks every property given (`check_tissue`, under the caller's names) and reads

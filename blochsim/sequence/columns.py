@@ -1,4 +1,4 @@
-"""A description's events as columns: one array per thing the engine's compiler reads (DESIGN.md section 2).
+"""A description's events as columns: one array per thing the engine's compiler reads.
 
 Per event the compiler reads its type and action bits; of an RF event whether it inverts, and of a
 rotating one (any other use) its definition id, amplitude, phase and frequency offset; of an ADC

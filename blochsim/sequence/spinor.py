@@ -1,7 +1,7 @@
 """Pulses as rotations: spinor composition, slice positions, and the Cayley-Klein pair of an RF definition.
 
 **Convention.** A rotation is the SU(2) matrix `U = [[a, b], [-conj(b), conj(a)]]` of the right-handed
-rotation of the magnetization (API.md 1.6: a 0-phase pulse turns +z to `-i sin(alpha)`), and `(a, b)` is its
+rotation of the magnetization (the rotation convention: a 0-phase pulse turns +z to `-i sin(alpha)`), and `(a, b)` is its
 first row. A rotation by angle `|n|` about `n = (nx, ny, nz)` is `a = cos(|n|/2) - i nz sin(|n|/2)/|n|`,
 `b = -i (nx - i ny) sin(|n|/2)/|n|`: an on-resonance real drive of area t gives `(cos t/2, -i sin t/2)`, and a
 spin at +z ends at `Mxy = -2 conj(a b)`, `Mz = |a|^2 - |b|^2`. Composition in play order is the matrix product
@@ -17,7 +17,7 @@ pulse (its drive times `e^{i phi}`) takes `b` to `b e^{-i phi}` and leaves `a`.
 
 **Slice positions** are in slice thicknesses (the passband is `[-1/2, 1/2]`). A definition of bandwidth `BW`
 (Hz) plays at position x against an off-resonance of `x BW g(t)` Hz, `g` its relative slice-select gradient
-(1 where it has none), so a sample of span `dt` turns the spin about z by `-2 pi x BW g dt` (API.md 1.6: B0 > 0
+(1 where it has none), so a sample of span `dt` turns the spin about z by `-2 pi x BW g dt` (the off-resonance convention: B0 > 0
 turns transverse magnetization by `-2 pi B0 t`). The rotation of a pulse is referenced to its middle: the
 slice gradient's own precession before and after the middle is taken off (`U_ref = Rz(-psi_after) U
 Rz(-psi_before)`), as a refocusing lobe and a symmetric design do, so that the EPG, which plays the pulse

@@ -20,7 +20,7 @@ class bSSFPSimulator(ClosedForm):
         D = (1 - E1 cos a)(1 - E2 cos psi) - E2 (E1 - cos a)(E2 - cos psi),
 
     which is +i |M| on resonance with phase_inc = 180: 0.1332i at T1/T2 = 1000/100 ms,
-    flip 60, TR 10, TE 5. [fix] The steady state uses E2 of TR, only the echo uses TE.
+    flip 60, TR 10, TE 5. The steady state uses E2 of TR, only the echo uses TE (the incumbent used TE: 0.2111).
 
     Protocol: `flip` (deg), `TR` (ms), `TE=None` (ms, TR/2), `phase_inc=180` (deg). Tissue: `T1`, `T2` (ms,
     required), `M0` (may be complex), `B0`, `chemshift` (Hz). Shape `(*voxel_shape, *samples)`, samples

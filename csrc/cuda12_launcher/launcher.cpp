@@ -1,4 +1,4 @@
-// Host side of the CUDA 12 package, built by g++ because PyPI has no CUDA 12 nvcc (PACKAGING.md).
+// Host side of the CUDA 12 package, built by g++ because PyPI has no CUDA 12 nvcc (docs/design.md, "Build and loading").
 //
 // It exports the C ABI of the nvcc library (blochsim/cuda_abi.inc) over the same launch plan
 // (blochsim/launch_plan.hpp: which kernel of blochsim/launch_table.def, on which grid and block), with a

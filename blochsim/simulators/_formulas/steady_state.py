@@ -27,7 +27,7 @@ def bssfp(flip, TR, TE=None, *, T1, T2, M0=1.0, B0=0.0, chemshift=0.0, phase_inc
         D  = (1 - E1 cos a)(1 - E2 cos psi) - E2 (E1 - cos a)(E2 - cos psi),
 
     E1 = e^{-TR/T1}, E2 = e^{-TR/T2}. The echo at TE adds e^{-TE/T2} and the phase e^{i 2 pi (chemshift -
-    B0) TE}. [fix] The steady state uses E2 of TR and only the echo uses TE (the EPG/Bloch limit). The
+    B0) TE}. The steady state uses E2 of TR and only the echo uses TE (the EPG/Bloch limit). The
     engine records F+ at TE for this train; this function returns minus that, M0 (-F+) e^{-TE/T2} ...,
     so that the value on resonance with phase_inc = 180 is +i |M|: 0.1332i at T1/T2 =
     1000/100 ms, flip 60, TR 10, TE 5. `TE` defaults to TR/2. Elementwise in every argument.

@@ -8,7 +8,7 @@
 // states are F+ = -i f e^{i phi0}, F- = i g e^{-i phi0}, Z = z with f, g, z real; ADC phases then arrive
 // relative to phi0.
 //
-// Per event (API.md section 3.3): interval (relax, precess, diffuse, flow, washout), CRUSH_BEFORE shift,
+// Per event (the oracle's rules, blochsim/_reference/epg.py): interval (relax, precess, diffuse, flow, washout), CRUSH_BEFORE shift,
 // RF (inversion or rotation), ADC, CRUSH_AFTER shift, SPOIL_AFTER or SHIFT_AFTER.
 //
 // Every operation has its adjoint beside it. An adjoint takes lambda, the gradient of the real loss with
@@ -525,7 +525,7 @@ BS_HD void invert_adjoint(Planes<S> l, Planes<S> x, int64_t K, const N& eta, N& 
   }
 }
 
-// Rotation by flip alpha about (cos phi, sin phi, 0) (API.md 3.3), on (F+, F-, Z).
+// Rotation by flip alpha about (cos phi, sin phi, 0) (blochsim/_reference/pulse.py), on (F+, F-, Z).
 template <class N>
 struct Rotation {
   N ca, sa, c2, s2, half_sa;
