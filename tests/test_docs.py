@@ -86,7 +86,8 @@ def test_site_builds_strict(tmp_path):
 # Shipped text: what a user reads (docstrings, comments next to the code, error messages, docs, README).
 SHIPPED = ["blochsim", "csrc", "docs", "scripts", "examples", "benchmarks", "packages", "README.md", "CMakeLists.txt",
            "pyproject.toml", "mkdocs.yml"]
-SPEC_REFERENCE = re.compile(r"\b(API|DESIGN|PACKAGING|STYLE)\.md\b|§|\.\./shared/")
+# The spec's file names and its markers of how a behaviour relates to the incumbent's.
+SPEC_REFERENCE = re.compile(r"\b(API|DESIGN|PACKAGING|STYLE)\.md\b|§|\.\./shared/|\[(fix|compat|ours)\b")
 
 
 def test_no_reference_to_specs_users_do_not_have():
