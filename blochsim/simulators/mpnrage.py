@@ -22,8 +22,8 @@ class MPnRAGESimulator(Simulator):
     (`states=1`), and T2 is pinned at 100 ms: it has no effect on an FID sampled at its pulse.
     Tissue: T1 (ms), M0, B1, inv_efficiency, and every public tissue name.
 
-    Returns `(..., nshots)` complex64 (complex128 with `dtype=torch.float64`), the engine value times +i
-   : on resonance its value is real, `+sin(a) Mz` before each pulse, negative while Mz is
+    Returns `(..., nshots)` complex64 (complex128 with `dtype=torch.float64`), the engine value times +i:
+    on resonance its value is real, `+sin(a) Mz` before each pulse, negative while Mz is
     inverted. `nshots <= 0`, or a `flip` that is neither a scalar nor one per shot,
     is a ValueError.
     """

@@ -59,8 +59,8 @@ class MRFSimulator(TrainLoop, Simulator):
     A single row, `(1, N)`, still gives a train axis of 1. `describe()` takes per-train flips and phases
     (events with `(trains,)` values), not a 2-D `TR`.
 
-    Returns `(..., len(flip))` complex64 (complex128 with `dtype=torch.float64`), the last playing times +i
-   : on resonance its value is real, `+sin(a) Mz` before the pulse, negative after the
+    Returns `(..., len(flip))` complex64 (complex128 with `dtype=torch.float64`), the last playing times +i:
+    on resonance its value is real, `+sin(a) Mz` before the pulse, negative after the
     inversion. `MRFSimulator(flip=[10, 20, 30], TR=10).simulate(T1=1000, T2=80)`
     gives `[-0.1736, -0.3301, -0.4404]`. `MRFSimulator.from_description(d)` returns the raw engine value.
     """
