@@ -288,6 +288,15 @@ class DistributedBlock:
         Differentiable: each rank's gradient is the (common) gradient of the sum."""
         return _AllReduce.apply(self, what, *tensors)
 
+    def gather_objects(self, value, *, what: str) -> list:
+        """Every rank's `value` (any picklable object), in rank order: a collective every rank must call, so
+        it is also a barrier (the command line's steps wait on it)."""
+        import torch.distributed as dist
+
+        everyone = [None] * self.world
+        self._run(what, lambda: dist.all_gather_object(everyone, value, group=self.group))
+        return everyone
+
     def check_same(self, where: str, named: Mapping) -> None:
         """Raise ValueError on every rank unless `named` (name -> value) is identical on every rank.
 

@@ -9,6 +9,14 @@ computes the rest. Every chunk is computed from its own tissues alone, so a resu
 uninterrupted one exactly. At the end the chunks are assembled into OUT (.npz or .h5, written atomically too)
 and the folder is removed.
 
+Several processes: launched by torchrun (`torchrun --nproc-per-node N -m blochsim dictionary ...`), rank 0
+opens the folder while the others wait; then rank r of W computes every W-th chunk not done (the r-th, the
+(r+W)-th, ... of them). Only rank 0 writes the manifest; rank r > 0 lists its chunks in its own
+`OUT.parts/done-rank-R.json` (written the same way), which rank 0 merges into the manifest when a run opens
+the folder and when every rank has finished. So a killed run of any number of processes resumes in a run of
+any number, and its file equals a one-process run's. Rank 0 then assembles OUT. On several nodes OUT must be
+on a file system every node sees.
+
 OUT holds `signals` (atoms, samples), `parameters` (atoms, P) float64, `names` (P,) and `metadata` (JSON: the
 request). A protocol that makes several trains gives atoms of the trains' samples one after the other.
 """
@@ -20,12 +28,14 @@ import json
 import shutil
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
+from .._distributed import distributed, launched
 from .._progress import progress_bar
 from .._version import __version__
 from ._common import plotting, progress_option, reports_errors
@@ -37,6 +47,8 @@ from .simulate import gather_request, request_options
 __all__ = ["dictionary", "tissue_set", "MANIFEST", "FORMAT"]
 
 MANIFEST = "manifest.json"
+#: Rank r > 0's list of the chunks it wrote, under torchrun (rank 0 lists its own in the manifest).
+PROGRESS = "done-rank-{rank}.json"
 #: The manifest's format tag: a folder of another format is not resumed.
 FORMAT = "blochsim dictionary parts 1"
 
@@ -110,12 +122,16 @@ class Parts:
     Opening it resumes an earlier run of the same request (`identity`), refuses one of another request
     (ValueError naming what differs), or starts a new one; `restart` discards what is there first. A listed
     chunk whose file is missing or damaged is dropped from the done set (computed again), and temporary files
-    of a killed write are removed.
+    of a killed write are removed. The ranks' progress files are merged into the manifest (`merge`).
+
+    Under torchrun rank 0 opens the folder this way; the other ranks take the manifest it shares (`joined`)
+    and list what they write in their own progress files.
     """
 
     def __init__(self, path: Path, identity: dict, atoms: int, chunk_size: int, *, restart: bool):
         self.path, self.atoms, self.chunk_size = path, atoms, chunk_size
         self.chunks = -(-atoms // chunk_size)
+        self.rank = 0
         if restart and path.exists():
             shutil.rmtree(path)
         manifest = self._read() if path.exists() else None
@@ -131,8 +147,38 @@ class Parts:
             self._write(manifest)
         self.manifest = manifest
         self.done = {i for i in manifest["done"] if self._whole(i)}
+        self.merge()
         for stray in path.glob(".*.tmp*"):  # temporary files of a run killed while writing
             stray.unlink(missing_ok=True)
+
+    @classmethod
+    def joined(cls, path: Path, manifest: dict, atoms: int, chunk_size: int, rank: int) -> Parts:
+        """Rank `rank`'s view of the folder rank 0 opened, from the manifest rank 0 shares (nothing is read)."""
+        parts = cls.__new__(cls)
+        parts.path, parts.atoms, parts.chunk_size, parts.rank = path, atoms, chunk_size, rank
+        parts.chunks = -(-atoms // chunk_size)
+        parts.manifest, parts.done, parts.mine = manifest, set(manifest["done"]), set()
+        return parts
+
+    def merge(self) -> None:
+        """Rank 0: add the whole chunks the ranks' progress files list to the manifest, then remove the files
+        (a run killed in between merges them again, to the same set)."""
+        files = sorted(self.path.glob(PROGRESS.format(rank="*")))
+        listed = set()
+        for file in files:
+            try:
+                progress = json.loads(file.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue  # written whole or not at all: unreadable means not this format, and lists nothing
+            if self.manifest["samples"] is None:
+                self.manifest["samples"], self.manifest["dtype"] = progress["samples"], progress["dtype"]
+            listed.update(progress["done"])
+        self.done |= {i for i in listed - self.done if 0 <= i < self.chunks and self._whole(i)}
+        if sorted(self.done) != self.manifest["done"]:
+            self.manifest["done"] = sorted(self.done)
+            self._write(self.manifest)
+        for file in files:
+            file.unlink(missing_ok=True)
 
     def rows(self, index: int) -> int:
         """Tissues in chunk `index` (the last one may be short)."""
@@ -146,13 +192,20 @@ class Parts:
         return [self.file(i) for i in range(self.chunks)]
 
     def record(self, index: int, block: np.ndarray) -> None:
-        """Write chunk `index` (moved into place whole), then list it in the manifest (the same way)."""
+        """Write chunk `index` (moved into place whole), then list it in the manifest (rank 0) or in this
+        rank's progress file (written the same way)."""
         if self.manifest["samples"] is None:
             self.manifest["samples"], self.manifest["dtype"] = int(block.shape[1]), str(block.dtype)
         write_atomically(self.file(index), lambda tmp: np.save(tmp, block))
         self.done.add(index)
-        self.manifest["done"] = sorted(self.done)
-        self._write(self.manifest)
+        if self.rank == 0:
+            self.manifest["done"] = sorted(self.done)
+            self._write(self.manifest)
+            return
+        self.mine.add(index)
+        text = json.dumps({"samples": self.manifest["samples"], "dtype": self.manifest["dtype"],
+                           "done": sorted(self.mine)})
+        write_atomically(self.path / PROGRESS.format(rank=self.rank), lambda tmp: tmp.write_text(text))
 
     def _read(self) -> dict | None:
         try:
@@ -228,6 +281,7 @@ Examples:
       --range B1=0.7:1.3 --seed 1 --chunk-size 8192 -o mrf_random.h5 --plot dictionary.png
 \b
 Stopped part-way (Ctrl-C, a killed job)? Run the same command again: it resumes at the first chunk not done.
+Several processes (one GPU each with --device cuda): torchrun --nproc-per-node 4 -m blochsim dictionary ...
 A config file may hold [grid] (NAME = "START:STOP:COUNT[:log]" or a list), [random] (count, seed, and
 NAME = "LOW:HIGH[:log]") and [dictionary] (chunk_size), beside simulator, [protocol], [tissue], [settings].
 """)
@@ -271,23 +325,42 @@ def dictionary(simulator, config, protocol_flags, tissue_flags, states, repetiti
                 "chunk_size": chunk_size,
                 "parameters_sha256": hashlib.sha256(np.ascontiguousarray(parameters).tobytes()).hexdigest()}
     identity = json.loads(to_json(identity))  # the form it has in the manifest, to compare like with like
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass --overwrite to replace it")
-    parts = Parts(out.with_name(out.name + ".parts"), identity, parameters.shape[0], chunk_size, restart=restart)
-    resumed = len(parts.done)
-    if resumed:
-        click.echo(f"resuming {parts.path}: {resumed} of {parts.chunks} chunks already done", err=True)
+    folder = out.with_name(out.name + ".parts")
+    with launched() as (rank, world):  # (0, 1) without torchrun
+        ranks = _Ranks(rank, world)
+        parts = None
 
-    started = time.perf_counter()
-    _compute(sim, {**request["protocol"], **request["tissue"], **request["settings"]}, names, parameters, parts,
-             progress)
-    metadata = {key: identity[key] for key in ("blochsim", "simulator", "protocol", "tissue", "settings", "set")}
-    shape = _assemble(out, parts, parameters, names, metadata)
+        def open_parts() -> dict | None:
+            nonlocal parts
+            if rank > 0:
+                return None
+            if out.exists() and not overwrite:
+                raise FileExistsError(f"{out} exists: pass --overwrite to replace it")
+            parts = Parts(folder, identity, parameters.shape[0], chunk_size, restart=restart)
+            return parts.manifest
+
+        manifest = ranks.agree("opening the chunk folder", open_parts)  # rank 0's, shared with every rank
+        if rank > 0:
+            parts = Parts.joined(folder, manifest, parameters.shape[0], chunk_size, rank)
+        resumed = len(parts.done)
+        if resumed and rank == 0:
+            click.echo(f"resuming {parts.path}: {resumed} of {parts.chunks} chunks already done", err=True)
+
+        started = time.perf_counter()
+        fixed = {**request["protocol"], **request["tissue"], **request["settings"]}
+        ranks.agree("computing its chunks", lambda: _compute(sim, fixed, names, parameters, parts, progress, ranks))
+        if rank > 0:
+            return
+        parts.merge()
+        _check_complete(parts)
+        metadata = {key: identity[key] for key in ("blochsim", "simulator", "protocol", "tissue", "settings", "set")}
+        shape = _assemble(out, parts, parameters, names, metadata)
     figure_atoms = _sample_atoms(parts.files, chunk_size, parts.atoms) if plot_path else None
     if not keep_chunks:
         shutil.rmtree(parts.path)
+    processes = "" if world == 1 else f" by {world} processes"
     click.echo(f"{type(sim).__name__} dictionary: {shape[0]} atoms x {shape[1]} samples ({parts.manifest['dtype']}), "
-               f"{', '.join(names)}; {parts.chunks - resumed} of {parts.chunks} chunks computed in "
+               f"{', '.join(names)}; {parts.chunks - resumed} of {parts.chunks} chunks computed{processes} in "
                f"{time.perf_counter() - started:.1f} s -> {out}")
     if plot_path:
         plot = plotting()
@@ -326,24 +399,78 @@ def _check_fixed(sim: Any, request: dict, names: list) -> None:
         raise ValueError(f"{both[0]} is given both as a fixed value (-t) and as a varying one (--grid/--range)")
 
 
-def _compute(sim: Any, fixed: dict, names: list, parameters: np.ndarray, parts: Parts, progress: bool | None):
-    """Simulate and record every chunk not done, with a bar over the atoms; Ctrl-C says how to resume."""
-    bar = progress_bar(parts.atoms, desc="dictionary", unit="atom", enabled=progress, unit_scale=True,
-                       initial=sum(parts.rows(i) for i in parts.done))
+class _Ranks:
+    """The processes of one run: this one alone, or the W ranks torchrun started (`launched()`)."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        # Not entered: the command splits its work by chunks itself; the block gives the collectives.
+        self.block = distributed() if world > 1 else None
+
+    def share(self, todo: list) -> list:
+        """This rank's chunks of the chunks `todo`: every W-th, from its rank on (balanced to one chunk)."""
+        return todo[self.rank::self.world]
+
+    def agree(self, step: str, work: Callable[[], Any]) -> Any:
+        """Run `work()` on every rank and wait for all of them; returns rank 0's value (which must pickle).
+
+        If it raised on any rank, every rank raises: that rank its own error, the others a RuntimeError naming
+        the rank and its error. Ctrl-C is not waited for: torchrun passes it to every rank.
+        """
+        try:
+            value, failure = work(), None
+        except Exception as error:
+            value, failure = None, error
+        if self.world == 1:
+            if failure is not None:
+                raise failure
+            return value
+        said = None if failure is None else f"{type(failure).__name__}: {failure}"
+        everyone = self.block.gather_objects((said, value), what=f"wait for every rank ({step})")
+        if failure is not None:
+            raise failure
+        for rank, (message, _) in enumerate(everyone):
+            if message is not None:
+                raise RuntimeError(f"rank {rank} of {self.world} failed {step}: {message}")
+        return everyone[0][1]
+
+
+def _compute(sim: Any, fixed: dict, names: list, parameters: np.ndarray, parts: Parts, progress: bool | None,
+             ranks: _Ranks) -> None:
+    """Simulate and record this rank's chunks of those not done, with a bar over the atoms (on rank 0, over its
+    own chunks under torchrun); Ctrl-C says how to resume."""
+    mine = ranks.share([i for i in range(parts.chunks) if i not in parts.done])
+    alone = ranks.world == 1
+    bar = progress_bar(parts.atoms if alone else sum(parts.rows(i) for i in mine),
+                       desc="dictionary" if alone else f"dictionary (rank 0 of {ranks.world})", unit="atom",
+                       enabled=progress if ranks.rank == 0 else False, unit_scale=True,
+                       initial=sum(parts.rows(i) for i in parts.done) if alone else 0)
     try:
         with bar:
-            for index in range(parts.chunks):
-                if index in parts.done:
-                    continue
+            for index in mine:
                 lo = index * parts.chunk_size
                 hi = lo + parts.rows(index)
                 varying = {name: parameters[lo:hi, j] for j, name in enumerate(names)}
                 parts.record(index, _atoms(sim.simulate(**fixed, **varying), hi - lo))
                 bar.update(hi - lo)
     except KeyboardInterrupt:
-        click.echo(f"stopped after {len(parts.done)} of {parts.chunks} chunks (kept in {parts.path}): run the same "
-                   f"command again to resume", err=True)
+        if alone:
+            click.echo(f"stopped after {len(parts.done)} of {parts.chunks} chunks (kept in {parts.path}): run the "
+                       f"same command again to resume", err=True)
+        elif ranks.rank == 0:
+            click.echo(f"stopped (the chunks written are kept in {parts.path}): run the same command again, with "
+                       f"any number of processes, to resume", err=True)
         raise
+
+
+def _check_complete(parts: Parts) -> None:
+    """Rank 0, after every rank finished: every chunk is listed (a rank's chunks written to a disk rank 0 does
+    not see would be missing)."""
+    missing = sorted(set(range(parts.chunks)) - parts.done)
+    if missing:
+        raise RuntimeError(f"{len(missing)} of {parts.chunks} chunks (first: {missing[0]}) are not in {parts.path} "
+                           f"although every rank finished: under torchrun on several nodes, OUT must be on a file "
+                           f"system every node sees")
 
 
 def _assemble(out: Path, parts: Parts, parameters: np.ndarray, names: list, metadata: dict) -> tuple:
