@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import blochsim
-from blochsim import _distributed, _sharding
+from blochsim import _collectives, _distributed, _sharding
 from blochsim.simulators import MRFSimulator
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -181,17 +181,17 @@ def test_voxel_axis_of_each_layout():
 def test_checksums_see_any_one_element():
     base = {"T1": torch.linspace(300.0, 2000.0, 1000), "flip": [10.0, 20.0], "dtype": torch.float32}
     same = {"T1": torch.linspace(300.0, 2000.0, 1000), "flip": [10.0, 20.0], "dtype": torch.float32}
-    assert _distributed._digests(base) == _distributed._digests(same)
+    assert _collectives._digests(base) == _collectives._digests(same)
     moved = dict(same, T1=same["T1"].clone())
     moved["T1"][517] = torch.nextafter(moved["T1"][517], torch.tensor(1e9))  # one ulp in one voxel
     swapped = dict(same, T1=same["T1"].clone())
     swapped["T1"][[3, 4]] = swapped["T1"][[4, 3]]  # the same values in another order
     for other in (moved, swapped, dict(same, flip=[10.0, 20.5]), dict(same, T1=same["T1"].double())):
-        digests = _distributed._digests(other)
-        assert digests["T1"] != _distributed._digests(base)["T1"] or digests["flip"] != \
-            _distributed._digests(base)["flip"]
+        digests = _collectives._digests(other)
+        assert digests["T1"] != _collectives._digests(base)["T1"] or digests["flip"] != \
+            _collectives._digests(base)["flip"]
     # objects print their address: only their type counts
-    assert _distributed._describe(object(), []) == "object"
+    assert _collectives._describe(object(), []) == "object"
 
 
 @pytest.fixture
