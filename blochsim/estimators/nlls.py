@@ -24,6 +24,10 @@ _START_INSIDE = 1e-6
 #: bounded unknown from the middle of its range to 73 % of it, so a few steps still cross the range.
 MAX_FREE_STEP = 1.0
 
+#: A bounded free variable this far out (sigmoid(20) = 1 - 2e-9) puts its unknown on the bound to float32:
+#: the voxel's minimum lies beyond it, and it stops there (not converged) instead of creeping on.
+SATURATED_FREE = 20.0
+
 #: Simulated values are taken to be good to this many epsilons of their dtype (float32 round-off accumulated
 #: over a train's events); the cost is then resolved to `_linearised`'s resolution, and a voxel whose
 #: predicted decrease is below it stops (measured: 4 of 10k MRF voxels otherwise damp out at 1-3.5e-6 of
@@ -312,23 +316,42 @@ class NonlinearLeastSquares(Estimator):
             J = self._subspace.project(J) if J is not None else None
         return signal, J
 
-    def _residual(self, signal: torch.Tensor, y: torch.Tensor) -> tuple:
-        """(amplitude `(n,)`, residual `a s - y` `(n, C)`, cost `|r|^2`)."""
-        if self.amplitude:
-            a = (signal.conj() * y).sum(-1) / _squared_norm(signal).clamp_min(1e-300)
-        else:
-            a = torch.ones(signal.shape[0], dtype=signal.dtype, device=signal.device)
-        r = a[:, None] * signal - y
-        return a, r, _squared_norm(r)
+    def _normal(self, signal: torch.Tensor, J: torch.Tensor, slopes: torch.Tensor, y: torch.Tensor,
+                yy: torch.Tensor) -> tuple:
+        """(amplitude `(n,)`, cost `(n,)`, `A = Re(G^H G)` `(n, P, P)`, `g = Re(G^H r)` `(n, P)`, cost resolution)
+        from the signal `s`, its natural-unit Jacobian `J` `(n, P, C)`, the free variables' slopes and the data.
 
-    def _projected(self, signal, J, a) -> torch.Tensor:
-        """The step's Jacobian `a dS/dtheta`, projected off `s` and `i s` with `amplitude` (Kaufman)."""
-        G = a[:, None, None] * J
-        if not self.amplitude:
-            return G
-        ss = _squared_norm(signal).clamp_min(1e-300)
-        overlap = (signal.conj()[:, None, :] * G).sum(-1) / ss[:, None]  # (n, P)
-        return G - overlap[..., None] * signal[:, None, :]
+        Everything comes from the inner products of `[J; s]` with `[J; s; y]`, one product per voxel, so no
+        `(n, P, C)` array but `J` itself is made: with `u_p = J_p`, `w = s`, the Kaufman Jacobian is
+        `G_p = a slope_p P u_p` (`P` the projection off `w`), and `Re(G_p^H G_q) = |a|^2 slope_p slope_q
+        Re(u_p^H u_q - (u_p^H w)(w^H u_q)/|w|^2)`, `Re(G_p^H r) = -slope_p Re(conj(a) (u_p^H y - (u_p^H w)
+        (w^H y)/|w|^2))` (as `P r = -P y`), `a = w^H y/|w|^2` and the cost `|y|^2 - |w^H y|^2/|w|^2`, all in
+        float64. Without `amplitude`: `a = 1`, `A = slope slope Re(u^H u)`, `g = slope Re(u^H w - u^H y)`, cost
+        `|w|^2 - 2 Re(w^H y) + |y|^2`.
+
+        The resolution is how far the cost may be off from the simulation's round-off alone: a relative change
+        `eps` in each simulated value moves it by about `2 eps |a| |r| |s| / sqrt(C)` for independent round-off
+        spread over the C samples.
+        """
+        n, P, C = J.shape
+        uu = torch.bmm(J.conj(), J.transpose(1, 2))  # (n, P, P): u_p^H u_q
+        uw, uy = torch.bmm(J.conj(), torch.stack([signal, y], -1)).unbind(-1)  # (n, P) each
+        ww = torch.view_as_real(signal).square().sum((-1, -2)).clamp_min(1e-300)
+        wy = (signal.conj() * y).sum(-1)
+        outer = slopes[:, :, None] * slopes[:, None, :]
+        if self.amplitude:
+            a = wy / ww
+            cost = (yy - wy.abs().square() / ww).clamp_min(0.0)
+            projected = uu - uw[:, :, None] * uw.conj()[:, None, :] / ww[:, None, None]
+            A = a.abs().square()[:, None, None] * outer * projected.real
+            g = -slopes * (a.conj()[:, None] * (uy - uw * (wy / ww)[:, None])).real
+        else:
+            a = torch.ones(n, dtype=wy.dtype, device=wy.device)
+            cost = (ww - 2 * wy.real + yy).clamp_min(0.0)
+            A = outer * uu.real
+            g = slopes * (uw - uy).real
+        resolution = 2 * self._resolution * a.abs() * cost.sqrt() * (ww / C).sqrt()
+        return a, cost, A, g, resolution
 
     def _solve(self, signals: torch.Tensor, known) -> tuple:
         """(theta `(V, P)` float64, amplitude `(V,)`, cost `(V,)`) on `signals`' device; fills `report`."""
@@ -373,12 +396,10 @@ class NonlinearLeastSquares(Estimator):
         converged = torch.zeros(n, dtype=torch.bool, device=device)
         index = torch.arange(n, device=device)
         lam = torch.full((n,), self.damping, dtype=torch.float64, device=device)
-        a, r, cost, G, resolution = self._linearised(x, y, known)
+        yy = torch.view_as_real(y).square().sum((-1, -2)) if y.is_complex() else y.square().sum(-1)
+        a, cost, A, g, resolution = self._linearised(x, y, known, yy)
+        bounded = torch.tensor([f.low is not None or f.high is not None for f in self._free], device=device)
         for step_count in range(self.max_iterations + 1):
-            # Re(G^H G) and Re(G^H r) as products of the real views (Re and Im interleaved).
-            Gr = torch.view_as_real(G).reshape(G.shape[0], P, -1)
-            A = torch.bmm(Gr, Gr.transpose(1, 2))
-            g = torch.bmm(Gr, torch.view_as_real(r).reshape(r.shape[0], -1, 1))[..., 0]
             diag = torch.diagonal(A, dim1=1, dim2=2)
             floor = 1e-12 * diag.amax(-1, keepdim=True).clamp_min(1e-300)  # a parameter the data do not see
             scaling = torch.diag_embed(diag.clamp_min(floor))
@@ -390,10 +411,11 @@ class NonlinearLeastSquares(Estimator):
             # Below the cost's resolution the acceptance test compares round-off: that is converged too.
             done = (predicted <= self.tolerance * cost + resolution) | (
                 newton.abs().amax(-1) <= self.tolerance * (1 + x.abs().amax(-1)))
-            # A voxel whose free variables are all saturated (a sigmoid deep in a bound: the data no longer move
-            # it) has no step, and one whose damping grew past any use (1e16: steps below float64 resolution of
-            # a Gauss-Newton step) has no useful one; both stop where they are, not converged.
-            stuck = ~torch.isfinite(predicted) | (lam > 1e16)
+            # Stopped, not converged: a voxel with no usable step (its free variables saturated, or its damping
+            # past any use: 1e16 gives steps below float64 resolution of a Gauss-Newton step), and one pressed
+            # against a bound (a bounded free variable past SATURATED_FREE, where its value equals the bound to
+            # float32 and each step only creeps on).
+            stuck = ~torch.isfinite(predicted) | (lam > 1e16) | ((x.abs() >= SATURATED_FREE) & bounded).any(-1)
             done = (done & ~stuck) | stuck
             if step_count == self.max_iterations:
                 stuck = torch.ones_like(done)  # out of iterations: stop, not converged
@@ -404,36 +426,30 @@ class NonlinearLeastSquares(Estimator):
                 converged[finished] = ~stuck[done]
                 bar.update(finished.numel())
                 go = ~done
-                index, x, y, a, r, cost, G, lam, A, g, scaling, resolution = (
-                    t[go] for t in (index, x, y, a, r, cost, G, lam, A, g, scaling, resolution))
+                index, x, y, yy, a, cost, lam, A, g, scaling, resolution = (
+                    t[go] for t in (index, x, y, yy, a, cost, lam, A, g, scaling, resolution))
                 known = known[go] if known is not None else None
             if index.numel() == 0:
                 break
-            step = -torch.linalg.solve(A + lam[:, None, None] * scaling, g)
+            step = -torch.linalg.solve(A + lam[:, None, None] * scaling, g[..., None])[..., 0]
             # At most MAX_FREE_STEP per iteration in any free variable: a longer step of a sigmoid-bounded unknown
             # lands deep in its bound, where the slope vanishes and the voxel cannot come back.
             step = step * (MAX_FREE_STEP / step.abs().amax(-1, keepdim=True).clamp_min(MAX_FREE_STEP))
             trial = x + step
-            a_t, r_t, cost_t, G_t, resolution_t = self._linearised(trial, y, known)
+            a_t, cost_t, A_t, g_t, resolution_t = self._linearised(trial, y, known, yy)
             better = cost_t < cost
             iterations[index] += 1
-            keep = better[:, None]
+            keep, keep2 = better[:, None], better[:, None, None]
             x, a, cost = torch.where(keep, trial, x), torch.where(better, a_t, a), torch.where(better, cost_t, cost)
-            r, G = torch.where(keep, r_t, r), torch.where(keep[..., None], G_t, G)
+            A, g = torch.where(keep2, A_t, A), torch.where(keep, g_t, g)
             resolution = torch.where(better, resolution_t, resolution)
             lam = torch.where(better, lam * self.damping_down, lam * self.damping_up)
         return theta_out, a_out, cost_out, iterations, converged
 
-    def _linearised(self, x, y, known) -> tuple:
-        """(amplitude, residual, cost, step Jacobian in the free variables, cost resolution) at free variables
-        `x`. The resolution is how far the cost may be off from the simulation's round-off alone: a change
-        `d` of relative size `eps` in each simulated value moves the cost by `2 Re sum conj(r) a d`, at most
-        about `2 eps |a| sqrt(sum |r|^2 |s|^2)` for independent round-off."""
+    def _linearised(self, x, y, known, yy) -> tuple:
+        """(amplitude, cost, A, g, cost resolution) at free variables `x` (see `_normal`)."""
         signal, J = self._model(self._values(x), known, jacobian=True)
-        a, r, cost = self._residual(signal, y)
-        weights = (torch.view_as_real(r).square().sum(-1) * torch.view_as_real(signal).square().sum(-1)).sum(-1)
-        resolution = 2 * self._resolution * a.abs() * weights.sqrt()
-        return a, r, cost, self._projected(signal, J * self._slopes(x)[..., None], a), resolution
+        return self._normal(signal, J, self._slopes(x), y, yy)
 
     def _standard_errors(self, signals, known, theta, amplitude, cost) -> dict:
         """sqrt(sigma^2 diag(F^-1)) of the unknowns (and of M0 = |a|) at the solution, in natural units."""
@@ -471,11 +487,6 @@ class NonlinearLeastSquares(Estimator):
             out[rows] = se.to(home)
         names = [f.name for f in self._free] + (["M0"] if self.amplitude else [])
         return {n: out[:, j].to(torch.float32) for j, n in enumerate(names)}
-
-
-def _squared_norm(z: torch.Tensor) -> torch.Tensor:
-    """sum |z|^2 over the last axis (through the real view: complex abs is a slow hypot)."""
-    return torch.view_as_real(z).square().sum((-1, -2)) if z.is_complex() else z.square().sum(-1)
 
 
 def _rows(signal, count: int) -> torch.Tensor:
