@@ -180,6 +180,8 @@ class Collectives:
         return result() if wait else result
 
     def _gather_rows(self, rows: torch.Tensor, total: int, what: str) -> torch.Tensor:
+        if rows.dtype == torch.bool:  # sent as bytes (not every backend carries bool)
+            return self._gather_rows(rows.to(torch.uint8), total, what).bool()
         counts = self.counts(total)
         if rows.shape[0] != counts[self.rank]:
             raise ValueError(f"{what}: rank {self.rank} holds {rows.shape[0]} rows, its range of {total} has "

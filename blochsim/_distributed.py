@@ -74,10 +74,25 @@ class Shard(NamedTuple):
 _SHARDS: dict = {}
 
 
+def _leaves(result):
+    """The values of `result` that carry a shard: itself, or those in its tuples, lists, dicts and dataclasses."""
+    if isinstance(result, (tuple, list)):
+        for item in result:
+            yield from _leaves(item)
+    elif isinstance(result, Mapping):
+        for item in result.values():
+            yield from _leaves(item)
+    elif dataclasses.is_dataclass(result) and not isinstance(result, type):
+        for field in dataclasses.fields(result):
+            yield from _leaves(getattr(result, field.name))
+    elif result is not None:
+        yield result
+
+
 def mark(result, shard: Shard):
-    """Record that `result` (a tensor, an array, a tuple or a dataclass of them) holds `shard`; returns it."""
-    items = result if isinstance(result, (tuple, list)) else (result,)
-    for item in items:
+    """Record that `result` (a tensor, an array, or a tuple, dict or dataclass of them) holds `shard`; returns
+    it."""
+    for item in _leaves(result):
         key = id(item)
         try:
             ref = weakref.ref(item, lambda _, key=key: _SHARDS.pop(key, None))
@@ -92,9 +107,10 @@ def shard_of(result) -> Shard:
 
     With `gather=False` a rank's result holds voxels [start, stop) of `total`, its voxel axes flattened to one;
     with `gather=True`, (0, total, total). A call without voxel arrays runs whole on every rank: (0, 1, 1).
-    For the tuple a jacobian returns, that of its parts. Raises ValueError for anything else.
+    For the tuple a jacobian returns, the dict of maps `Estimator.map` returns or a `MatchResult`, that of their
+    parts. Raises ValueError for anything else.
     """
-    item = result[0] if isinstance(result, (tuple, list)) and result else result
+    item = next(_leaves(result), None)
     entry = _SHARDS.get(id(item))
     if entry is None or entry[0]() is not item:
         raise ValueError(f"shard_of: this {type(result).__name__} was not returned by a blochsim call inside "
@@ -241,13 +257,21 @@ class DistributedBlock(Collectives):
         names = [n for n, v in shared.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         if names and torch.is_grad_enabled():
             shared.update(zip(names, self.sum_gradients(*(shared[n] for n in names)), strict=True))
+        own = {}
+        for name, t in tensors.items():
+            if self.gather and torch.is_grad_enabled() and t.requires_grad:
+                # The gradient of a gathered result comes back whole on every rank, as outside the block.
+                own[name] = _Slice.apply(t, self, total, f"gather of {where}'s {name} gradient")
+            else:
+                own[name] = t[start:stop]
         with suspended():
-            out = fn(**{n: t[start:stop] for n, t in tensors.items()}, **shared)
+            out = fn(**own, **shared)
         if not self.gather:
             return mark(out, Shard(start, stop, total))
         what = f"gather of {where}'s results"
         full = _map_rows(out, stop - start, lambda x: self.gather_rows(x, total, what=what))
         return mark(full, Shard(0, total, total))
+
 
 @contextlib.contextmanager
 def _checked_after(checked: Callable[[], None]):
@@ -290,7 +314,9 @@ def map_voxels(fn: Callable, voxels: Mapping, shared: Mapping | None = None, *, 
     that differs), `fn` runs on this rank's rows of `voxels`, and every tensor of its output (a tensor, or a
     tuple, list, dict or dataclass of them) whose leading axis has this rank's row count is all-gathered
     (gather=True) or left as this rank's rows (gather=False, `shard_of(output)`). Gradients of the `shared`
-    tensors are summed over the ranks. `where` names the caller in errors ("PERK.map").
+    tensors are summed over the ranks; a per-voxel input gets its whole gradient on every rank with
+    gather=True (as outside the block), its own rows' with gather=False. `where` names the caller in errors
+    ("PERK.map").
     """
     block = current()
     if block is None:

@@ -21,6 +21,7 @@ A new method implements two hooks, on torch tensors with one voxel per row:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _execution
+from .. import _distributed, _execution
 from .._arrays import library_of, to_library, to_tensor
 
 __all__ = ["Estimator", "MatchResult"]
@@ -83,7 +84,18 @@ class Estimator(torch.nn.Module):
     the volume's array library, on its device; with `uncertainty=True`, `(maps, standard deviations)`.
     `known={name: map}` gives each known property per voxel (shape `volume.shape[:-1]`, or a scalar).
     `execution`: a placement policy for this call (`blochsim.execution(...)`, "cpu", a CUDA device).
+
+    Inside `blochsim.distributed()` (every rank calling with the same inputs), `map` runs each rank's
+    contiguous range of the voxels and all-gathers the maps (`gather=False`: each rank gets its own voxels,
+    flattened to one axis, and `blochsim.shard_of` says which). `fit` simulates each rank's range of the
+    training samples and trains every rank on all of them (all-gathered), or, for an estimator that sums over
+    samples (PERK), trains each rank on its own range and sums over the ranks. Without a `seed` the ranks
+    take rank 0's.
     """
+
+    #: Under `distributed()`, each rank trains on its own range of the training samples and `_fit_arrays` sums
+    #: over the ranks (`_training_share` gives the block and the range), instead of all ranks training on all.
+    _trains_on_shares = False
 
     def __init__(self, acquisition=None):
         super().__init__()
@@ -98,6 +110,7 @@ class Estimator(torch.nn.Module):
         self._contrasts: int | None = None  # signal length the estimator was trained on (before projection)
         self._named = True  # False: trained on a bare parameter array, maps are columns
         self._generator: torch.Generator | None = None  # seeded from fit's `seed`, for the hooks
+        self._training_share: TrainingShare | None = None  # inside fit under distributed()
 
     # -- read-only members ------------------------------------------------------------------------
     @property
@@ -151,10 +164,29 @@ class Estimator(torch.nn.Module):
             raise ValueError(f"{kind}.fit: samples must be a positive integer, got {samples!r}")
 
         self.seed = seed
-        generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        block = _distributed.current()
+        drawn = seed if seed is not None else int(torch.seed() % 2**63)
+        if block is not None and seed is None:  # every rank draws the training set rank 0 draws
+            drawn = block.gather_objects(drawn, what=f"{kind}.fit's seed")[0]
+        generator = torch.Generator().manual_seed(drawn)
+        try:
+            with _distributed.suspended() if block is not None else contextlib.nullcontext():
+                self._fit_body(block, unknown, known, rank, subspace, noise_std, samples, chunk, signals,
+                               parameters, generator)
+        finally:
+            self._training_share = None
+        self._trained = True
+        return self
+
+    def _fit_body(self, block, unknown, known, rank, subspace, noise_std, samples, chunk, signals, parameters,
+                  generator) -> None:
+        """The body of `fit` (inside a `distributed()` block: with the block suspended, `block` given)."""
+        kind = type(self).__name__
         if signals is not None:
             signals, parameters, names, known_values, known_names = self._given_training(
                 signals, parameters, unknown, known)
+            if block is not None:
+                signals, parameters, known_values = self._share_given(block, signals, parameters, known_values)
         else:
             if self.acquisition is None:
                 raise RuntimeError(f"{kind}.fit needs training signals: give signals= (and parameters=), or build "
@@ -166,13 +198,20 @@ class Estimator(torch.nn.Module):
                 raise ValueError(f"{kind}.fit: name at least one unknown, e.g. fit(T1=(200, 3000), T2=(10, 300)) "
                                  "or fit(unknown={'T1': values})")
             values, known_draws = self._training_values(unknown, known, samples, generator)
-            signals = self._simulate(values, known_draws, chunk)
+            if block is None:
+                signals = self._simulate(values, known_draws, chunk)
+            else:
+                values, known_draws, signals = self._simulate_on_ranks(block, values, known_draws, chunk)
             names, known_names = tuple(values), tuple(known_draws)
             parameters = torch.stack([values[n] for n in names], dim=-1)
             known_values = torch.stack([known_draws[n] for n in known_names], dim=-1) if known_names else None
 
         self._contrasts = signals.shape[-1]
         self.rank = rank
+        if rank is not None and self._training_share is not None:
+            raise ValueError(f"{kind}.fit inside blochsim.distributed() trains each rank on its own samples, so it "
+                             "cannot fit a subspace to all of them (rank=); fit one first (blochsim.Subspace.fit) "
+                             "and give subspace=")
         if rank is not None:
             from ..subspace import Subspace
 
@@ -184,8 +223,40 @@ class Estimator(torch.nn.Module):
         self._unknown, self._known = names, known_names
         self._generator = generator  # the hooks' random numbers (training noise), seeded from `seed`
         self._fit_arrays(signals, parameters, known_values, noise_std=noise_std)
-        self._trained = True
-        return self
+
+    def _simulate_on_ranks(self, block, values: dict, known: dict, chunk: int) -> tuple:
+        """(values, known, signals) to train on under `distributed()`: each rank simulates its range of the
+        samples; the ranks' signals are all-gathered, or, with `_trains_on_shares`, each keeps its range."""
+        kind = type(self).__name__
+        total = self._share(block, {**values, **known})
+        start, stop = self._training_share.start, self._training_share.stop
+        mine = {n: v[start:stop] for n, v in values.items()}, {n: v[start:stop] for n, v in known.items()}
+        signals = self._simulate(*mine, chunk)
+        if self._trains_on_shares:
+            return *mine, signals
+        self._training_share = None  # every rank trains on every sample (the same on every rank)
+        return values, known, block.gather_rows(signals, total, what=f"gather of {kind}.fit's training signals")
+
+    def _share_given(self, block, signals, parameters, known) -> tuple:
+        """Given training under `distributed()`: every rank's, or with `_trains_on_shares` its range's rows."""
+        self._share(block, {"signals": signals, "parameters": parameters, "known": known})
+        if not self._trains_on_shares:
+            self._training_share = None
+            return signals, parameters, known
+        rows = slice(self._training_share.start, self._training_share.stop)
+        return signals[rows], None if parameters is None else parameters[rows], None if known is None else known[rows]
+
+    def _share(self, block, training: dict) -> int:
+        """Check the training set is identical on every rank, note this rank's range of it
+        (`_training_share`); returns the sample count."""
+        kind = type(self).__name__
+        block.check_same(f"{kind}.fit", training)
+        total = next(v for v in training.values() if v is not None).shape[0]
+        if total < block.world:
+            raise ValueError(f"{kind}.fit inside blochsim.distributed(): {total} training samples for {block.world} "
+                             "ranks; give at least one sample per rank")
+        self._training_share = TrainingShare(block, *block.voxel_range(total), total)
+        return total
 
     def _merge_unknown(self, unknown, ranges) -> dict:
         kind = type(self).__name__
@@ -355,18 +426,24 @@ class Estimator(torch.nn.Module):
                              f"estimator was trained on {expected}{hint}")
         _check_finite(signals, "volume", voxel_shape)
         known_values = self._known_columns(known, voxel_shape, signals.device)
-        with _execution.applied(policy):
-            if project and self._subspace is not None:
-                signals = self._project(self._subspace, signals, "volume")
-            if uncertainty == "only":
-                return self._shaped(self._uncertainty_arrays(signals, known_values), voxel_shape, library,
-                                    signals.device)
-            maps = self._shaped(self._estimate_arrays(signals, known_values), voxel_shape, library, signals.device)
-            if uncertainty:
-                sds = self._shaped(self._uncertainty_arrays(signals, known_values), voxel_shape, library,
-                                   signals.device)
-                return maps, sds
-        return maps
+
+        def per_voxel(signals, known=None):
+            with _execution.applied(policy):
+                if project and self._subspace is not None:
+                    signals = self._project(self._subspace, signals, "volume")
+                if uncertainty == "only":
+                    return self._uncertainty_arrays(signals, known)
+                maps = self._estimate_arrays(signals, known)
+                return (maps, self._uncertainty_arrays(signals, known)) if uncertainty else maps
+
+        voxels = {"signals": signals} if known_values is None else {"signals": signals, "known": known_values}
+        out = _distributed.map_voxels(per_voxel, voxels, where=f"{kind}.map")
+        shard, shape = _voxel_shard(signals.shape[0], voxel_shape)
+        if uncertainty and uncertainty != "only":
+            out = tuple(self._shaped(part, shape, library, signals.device) for part in out)
+        else:
+            out = self._shaped(out, shape, library, signals.device)
+        return out if shard is None else _distributed.mark(out, shard)
 
     def _known_columns(self, known, voxel_shape: tuple, device) -> torch.Tensor | None:
         kind = type(self).__name__
@@ -406,6 +483,57 @@ class Estimator(torch.nn.Module):
         else:
             return to_library(result.reshape(*voxel_shape, result.shape[-1]).to(device), library)
         return {n: to_library(v, library) for n, v in out.items()}
+
+
+@dataclass(frozen=True)
+class TrainingShare:
+    """Inside `fit` under `distributed()`: the block, and this rank's samples [start, stop) of `total`."""
+
+    block: Any
+    start: int
+    stop: int
+    total: int
+
+
+def _voxel_shard(count: int, voxel_shape: tuple) -> tuple:
+    """(Shard, shape) of the maps of `count` voxels inside the active `distributed()` block: the whole
+    `voxel_shape`, or with gather=False this rank's voxels flattened to one axis; (None, voxel_shape) outside."""
+    block = _distributed.current()
+    if block is None:
+        return None, voxel_shape
+    if block.gather:
+        return _distributed.Shard(0, count, count), voxel_shape
+    start, stop = block.voxel_range(count)
+    return _distributed.Shard(start, stop, count), (stop - start,)
+
+
+def _own_voxels(values, volume):
+    """Per-voxel inputs beside the volume (`{name: array}`, each of the volume's voxel count or one value), cut to
+    this rank's voxels inside a `distributed()` block (as they are outside one)."""
+    block = _distributed.current()
+    if block is None or not isinstance(values, Mapping):
+        return values
+    count = math.prod(tuple(to_tensor(volume, name="volume").shape[:-1]))
+    start, stop = block.voxel_range(count)
+    out = {}
+    for name, value in values.items():
+        t = to_tensor(value, name=name)
+        out[name] = t.reshape(-1)[start:stop] if t.numel() == count and count > 1 else value
+    return out
+
+
+def _voxel_report(report: dict, voxel_shape: tuple) -> tuple:
+    """(report, shape) of per-voxel arrays a map left on the estimator (this rank's voxels inside a
+    `distributed()` block): all-gathered into `voxel_shape` (gather=True), or this rank's own, flat."""
+    block = _distributed.current()
+    if block is None:
+        return report, voxel_shape
+    count = math.prod(voxel_shape)
+    if not block.gather:
+        start, stop = block.voxel_range(count)
+        return report, (stop - start,)
+    return {name: block.gather_rows(value, count, what=f"gather of the map's {name}")
+            for name, value in report.items()}, voxel_shape
 
 
 def _is_pair(spec) -> bool:

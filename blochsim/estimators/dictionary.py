@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import _execution
+from .. import _distributed, _execution
 from .._arrays import library_of, to_library, to_tensor
 from .._progress import progress_bar
 from . import _matching as mt
 from ._placement import budget_bytes, run_device, stage
-from .base import Estimator, MatchResult, _check_finite, _is_pair, _values
+from .base import Estimator, MatchResult, _check_finite, _is_pair, _values, _voxel_shard
 
 __all__ = ["DictionaryMatcher"]
 
@@ -30,7 +30,8 @@ class DictionaryMatcher(Estimator):
     least-squares amplitude is `<d,s> / |d|^2` (proton density times receive phase) and the density is its
     magnitude. `map` returns the unknowns of the best atom plus `M0`, its density (the atom indices instead,
     `(...)` int64, when the atoms carry no parameters). `match(signals)` returns a `MatchResult` of the best
-    `top_k` atoms, best first.
+    `top_k` atoms, best first. Inside `blochsim.distributed()` both split the voxels over the ranks (see
+    `Estimator`), and `fit` simulates each rank's range of the atoms and gathers them on every rank.
 
     The dictionary is simulated by `fit` (`fit(T1=t1_values, T2=t2_values)`: equal-length arrays, one atom
     per entry, or ranges drawn uniformly) or given: `dictionary` `(atoms, contrasts)` with `parameters`
@@ -300,10 +301,18 @@ class DictionaryMatcher(Estimator):
         flat = s.reshape(-1, s.shape[-1])
         _check_finite(flat, "signals", voxel_shape)
         known_values = self._known_columns(known, voxel_shape, flat.device)
-        with _execution.applied(_execution.as_policy(execution)):
-            if self._subspace is not None:
-                flat = self._project(self._subspace, flat, "signals")
-            indices, products, atom_norms, signal_norms = self._match(flat, known_values)
+        policy = _execution.as_policy(execution)
+
+        def per_voxel(signals, known=None):
+            with _execution.applied(policy):
+                if self._subspace is not None:
+                    signals = self._project(self._subspace, signals, "signals")
+                return self._match(signals, known)
+
+        voxels = {"signals": flat} if known_values is None else {"signals": flat, "known": known_values}
+        found = _distributed.map_voxels(per_voxel, voxels, where="DictionaryMatcher.match")
+        shard, voxel_shape = _voxel_shard(flat.shape[0], voxel_shape)  # inside distributed(): maybe a rank's own
+        indices, products, atom_norms, signal_norms = found
         narrow = torch.complex64 if products.is_complex() else torch.float32
         scores = (products.abs() / signal_norms.clamp_min(1e-300)[:, None]).to(torch.float32)
         scales = (products / atom_norms).to(narrow)
@@ -314,9 +323,10 @@ class DictionaryMatcher(Estimator):
         def out(x):
             return to_library(x.reshape(*voxel_shape, *x.shape[1:]) if x.dim() else x, library)
 
-        return MatchResult(parameters=None if parameters is None else to_library(parameters, library),
-                           indices=out(indices), scores=out(scores), scales=out(scales),
-                           densities=out(scales.abs()))
+        result = MatchResult(parameters=None if parameters is None else to_library(parameters, library),
+                             indices=out(indices), scores=out(scores), scales=out(scales),
+                             densities=out(scales.abs()))
+        return result if shard is None else _distributed.mark(result, shard)
 
     def _uncertainty_arrays(self, signals, known):
         raise NotImplementedError("DictionaryMatcher states no uncertainty (a dictionary gives the best atom, not "

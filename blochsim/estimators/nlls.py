@@ -11,7 +11,7 @@ from .. import _execution
 from .._arrays import library_of, to_library, to_tensor
 from .._progress import progress_bar
 from ._placement import budget_bytes, run_device, stage
-from .base import Estimator
+from .base import Estimator, _own_voxels, _voxel_report
 from .dictionary import DictionaryMatcher
 
 __all__ = ["NonlinearLeastSquares"]
@@ -227,7 +227,7 @@ class NonlinearLeastSquares(Estimator):
     # -- map ------------------------------------------------------------------------------------------
     def map(self, volume, known=None, *, uncertainty=False, execution=None, initial=None):
         """Maps (and standard errors) of `volume` `(..., contrasts)`; see the class docstring."""
-        self._initial = initial
+        self._initial = _own_voxels(initial, volume)  # inside distributed(): this rank's voxels' starts
         try:
             out = super().map(volume, known, uncertainty=uncertainty, execution=execution)
         finally:
@@ -244,7 +244,8 @@ class NonlinearLeastSquares(Estimator):
         if self.report is not None:
             shape = tuple(to_tensor(volume, name="volume").shape[:-1])
             library = library_of(volume)
-            self.report = {k: to_library(v.reshape(shape), library) for k, v in self.report.items()}
+            report, shape = _voxel_report(self.report, shape)  # inside distributed(): gathered, or the rank's own
+            self.report = {k: to_library(v.reshape(shape), library) for k, v in report.items()}
 
     def _starts(self, signals: torch.Tensor, known) -> torch.Tensor:
         """Free variables `(V, P)` float64 to start from."""

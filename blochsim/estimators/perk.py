@@ -79,7 +79,16 @@ class PERK(Estimator):
     which needs every signal at once, but takes `subspace`). Voxels whose signal is zero read as NaN when
     `normalize` (their shape is undefined). `fitted` says whether the model is trained; `length_scales`
     gives the scales used, one per input column.
+
+    **Several processes.** Inside `blochsim.distributed()`, `fit` simulates and accumulates each rank's
+    contiguous range of the training samples and all-reduces the sums (float64) before each solve, so every
+    rank holds the same model: without training noise the one-process model up to the order of summation.
+    The length scales come from the first training rows and the features from rank 0's seed, as in one
+    process; training noise is drawn by each rank from its own stream (the same distribution, other draws).
+    `map` splits the voxels (`Estimator`).
     """
+
+    _trains_on_shares = True  # under distributed(), each rank accumulates its own samples (see _train)
 
     def __init__(self, acquisition=None, *, n_features=1000, length_scale=None, regularization=1e-5,
                  chunk_size=65536, feature_seed=None, complex_mode="cartesian", normalize=True, stream=False,
@@ -150,7 +159,19 @@ class PERK(Estimator):
                              "signals (fit(signals=..., parameters=...)) or their ranges (fit(T1=(200, 3000), ...))")
         if not torch.isfinite(parameters).all():
             raise ValueError("PERK.fit: the training parameters hold NaN or inf")
-        self._log = self._log_columns(parameters)
+        share = self._training_share
+        if share is not None:
+            # The log choice looks at every sample's sign (the AND over the ranks); a rank other than 0 draws
+            # its training noise from a stream of its own (rank 0 keeps the one-process stream).
+            positive = (parameters > 0).all(0).to(torch.float64)
+            (everywhere,) = share.block.all_reduce(positive, what="PERK.fit's parameter signs")
+            parameters_sign = everywhere == share.block.world
+            if share.block.rank > 0:
+                self._generator = torch.Generator().manual_seed(
+                    (self._generator.initial_seed() + 0x9E3779B97F4A7C15 * share.block.rank) % 2**63)
+        else:
+            parameters_sign = None
+        self._log = self._log_columns(parameters, parameters_sign)
         self._cache = {}
         self._complex_input = None
         with progress_bar(parameters.shape[0] * (2 if self.uncertainty else 1), desc="blochsim PERK fit",
@@ -158,15 +179,19 @@ class PERK(Estimator):
             self._train(signals, parameters, known, noise_std, bar)
 
     def _train(self, signals, parameters, known, noise_std, bar) -> None:
-        """The two passes of `_fit_arrays` (see the class docstring), `bar` counting samples."""
+        """The two passes of `_fit_arrays` (see the class docstring), `bar` counting samples; under
+        `distributed()` over this rank's samples, the sums all-reduced before each solve."""
         F = self.n_features
+        share = self._training_share
         count, sums = 0, None
         for piece, par, kn in self._pieces(signals, parameters, known):  # placed by the policy (_pieces)
             if self._complex_input is None:
                 self._complex_input = piece.is_complex()
             x, norm = self._inputs(self._noisy(piece, noise_std), kn)
             if sums is None:
-                self._draw_features(x, known)
+                first = self._step() if not isinstance(signals, _StreamedSignals) else min(self._step(),
+                                                                                           signals.chunk)
+                self._draw_features(x if share is None else _first_rows(x, share, first), known, share)
                 rf = self._features(x.device, x.dtype)
                 sums = {"z": x.new_zeros(F, dtype=torch.float64), "zz": x.new_zeros((F, F), dtype=torch.float64)}
             y = self._targets(par, norm)
@@ -178,6 +203,8 @@ class PERK(Estimator):
             sums["y"] += y.sum(0, dtype=torch.float64)
             count += x.shape[0]
             bar.update(x.shape[0])
+        if share is not None:
+            count, sums = _summed(share.block, count, sums, "PERK.fit's feature sums")
         factor, head, offset = self._solve(sums, count, None)
         self._set("head", head)
         self._set("offset", offset)
@@ -197,6 +224,8 @@ class PERK(Estimator):
             rsums["y"] += residual.sum(0, dtype=torch.float64)
             rcount += x.shape[0]
             bar.update(x.shape[0])
+        if share is not None:
+            rcount, rsums = _summed(share.block, rcount, rsums, "PERK.fit's residual sums")
         _, head, offset = self._solve(rsums, rcount, factor)  # the first pass's covariance (its Cholesky factor)
         self._set("uncertainty_head", head)
         self._set("uncertainty_offset", offset)
@@ -204,7 +233,7 @@ class PERK(Estimator):
     def _pieces(self, signals, parameters, known):
         """(signals, parameters, known) pieces of at most one accumulation step each, on the device the active
         execution policy gives the signals (`with blochsim.execution("cuda"): perk.fit(...)` trains on a card)."""
-        step = min(self.chunk_size, max(1, ACCUMULATE_BYTES // (4 * self.n_features)))
+        step = self._step()
         policy = _execution.active()
 
         def placed(piece, rows):
@@ -220,6 +249,10 @@ class PERK(Estimator):
         for i in range(0, signals.shape[0], step):
             yield placed(signals[i:i + step], slice(i, i + step))
 
+    def _step(self) -> int:
+        """Samples per accumulation step: at most `chunk_size`, and what keeps a step's features in 64 MiB."""
+        return min(self.chunk_size, max(1, ACCUMULATE_BYTES // (4 * self.n_features)))
+
     def _noisy(self, signals: torch.Tensor, noise_std: float) -> torch.Tensor:
         """The training signals with Gaussian noise of SD `noise_std` on the real and imaginary parts."""
         if not noise_std:
@@ -231,9 +264,13 @@ class PERK(Estimator):
             return signals + torch.complex(noise[0], noise[1])
         return signals + noise[0]
 
-    def _log_columns(self, parameters: torch.Tensor) -> tuple:
+    def _log_columns(self, parameters: torch.Tensor, positive_columns: torch.Tensor | None = None) -> tuple:
+        """Which targets are regressed in log: `positive_columns` (P,) bool says which columns are positive in
+        every sample (default: in `parameters`)."""
         names = self.unknown or tuple(f"column {i}" for i in range(parameters.shape[1]))
-        positive = [bool((parameters[:, i] > 0).all()) for i in range(parameters.shape[1])]
+        if positive_columns is None:
+            positive_columns = (parameters > 0).all(0)
+        positive = [bool(p) for p in positive_columns]
         choice = self.log_targets
         if choice is None:
             return tuple(positive)
@@ -249,8 +286,9 @@ class PERK(Estimator):
             raise ValueError(f"PERK: log_targets asks for log({bad[0]}), but its training values are not all > 0")
         return tuple(chosen)
 
-    def _draw_features(self, x: torch.Tensor, known) -> None:
-        """Length scales (given, or from the first training piece) and the random features W, b."""
+    def _draw_features(self, x: torch.Tensor, known, share=None) -> None:
+        """Length scales (given, or from the first training piece) and the random features W, b (under
+        `distributed()`, `share`: from rank 0's seed)."""
         columns = x.shape[1]
         if self.length_scale is not None:
             scales = self._given_scales(len_hint=columns)
@@ -259,6 +297,8 @@ class PERK(Estimator):
         seed = self.feature_seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._generator))
+            if share is not None:
+                seed = share.block.gather_objects(seed, what="PERK.fit's feature seed")[0]
         g = torch.Generator().manual_seed(seed)
         frequency = torch.randn((self.n_features, columns), generator=g, dtype=torch.float64) / scales.cpu()
         phase = torch.rand(self.n_features, generator=g, dtype=torch.float64) * (2 * math.pi)
@@ -412,6 +452,23 @@ class PERK(Estimator):
             maps = {n: v.masked_fill(empty, math.nan) for n, v in maps.items()}
             sds = {n: v.masked_fill(empty, math.nan) for n, v in sds.items()}
         return maps, sds
+
+
+def _first_rows(x: torch.Tensor, share, first: int) -> torch.Tensor:
+    """Under `distributed()`: the rows the one-process fit measures the length scales on (the first
+    `min(first, samples, LENGTH_SCALE_ROWS)` training rows, `first` the rows of its first piece), gathered on
+    every rank from the first pieces `x` of the ranks that hold them."""
+    wanted = min(first, share.total, LENGTH_SCALE_ROWS)
+    mine = x[:max(0, min(share.stop, wanted) - share.start)].cpu()
+    return torch.cat(share.block.gather_objects(mine, what="PERK.fit's length-scale rows"))
+
+
+def _summed(block, count: int, sums: dict, what: str) -> tuple:
+    """(count, sums) added over the ranks (one float64 all-reduce)."""
+    names = sorted(sums)
+    total, *values = block.all_reduce(torch.tensor(float(count), dtype=torch.float64),
+                                      *(sums[n] for n in names), what=what)
+    return int(total), dict(zip(names, values, strict=True))
 
 
 def _median_scales(x: torch.Tensor, known_columns: int) -> torch.Tensor:
