@@ -32,12 +32,17 @@ closes over. torch.export works in strict mode (`strict=True`), which traces wit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 
 import torch
-from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+try:  # torch >= 2.5; before it, a plan is not made inside a torch.func transform being traced
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+except ImportError:  # pragma: no cover
+    temporarily_clear_interpreter_stack = contextlib.nullcontext
 
 __all__ = ["Deferred", "deferred_under_compile", "planning", "traced_call", "tracing"]
 

@@ -16,6 +16,7 @@ __all__ = ["Estimator", "MatchResult", "DictionaryMatcher", "LookupTable", "Nonl
 
 # PERK lives in its own module, written separately; the package imports without it.
 if importlib.util.find_spec(f"{__name__}.perk") is not None:
+    from . import _perk_ops  # noqa: F401  (registers PERK's kernel passes as blochsim:: custom ops)
     from .perk import PERK  # noqa: F401
 
     __all__.append("PERK")

@@ -1,0 +1,133 @@
+"""The custom ops and compiled simulations on a CUDA device (run by the GPU suite; skipped without a GPU).
+
+* `torch.library.opcheck` of every op on CUDA tensors (float32, the device kernels' dtype): the real path and
+  pools.
+* The ops' first and second derivatives on the device equal the eager Functions' exactly (the same kernel
+  calls on the same stream).
+* torch.compile with Inductor (fullgraph) of the MRF loss built from flip tensors on the device: loss and flip
+  gradient against eager.
+* mode="reduce-overhead" (CUDA graphs): called in a loop, every call against eager, and no graph skipped
+  (Inductor counts a skip when a graph holds a host tensor, a host sync or a dynamic shape; the plan's
+  constants and value operations must all be on the device).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import STATES, T1_MS, T2_MS, mrf, rel_max_err
+
+from blochsim import _tracing, engine
+from blochsim.engine import ops
+from blochsim.engine.bind import kernel_inputs
+from blochsim.engine.functions import EpgSimulate
+from blochsim.engine.simulate import prepare
+from blochsim.sequence import TissueProperties, mrf_description
+
+pytestmark = pytest.mark.cuda
+
+OPS = torch.ops.blochsim
+CUDA = torch.device("cuda")
+F32 = torch.float32
+
+
+def cuda_tissue(pooled: bool) -> TissueProperties:
+    fields = {"t1_ms": torch.tensor(T1_MS, device=CUDA), "t2_ms": torch.tensor(T2_MS, device=CUDA)}
+    if pooled:
+        fields.update(bound_fraction=torch.tensor((0.1, 0.05, 0.15), device=CUDA), bound_exchange_hz=20.0,
+                      t2_bound_ms=0.012, pool_b_fraction=torch.tensor((0.1, 0.2, 0.05), device=CUDA),
+                      pool_b_exchange_hz=8.0, t1_pool_b_ms=400.0, t2_pool_b_ms=15.0)
+    return TissueProperties(**fields)
+
+
+def kernel_call(pooled: bool):
+    tissue = cuda_tissue(pooled)
+    program, packed = prepare(mrf(), tissue, states=STATES, repetitions=1, record="all", dtype=F32, path="auto",
+                              checkpoint_stride=4)
+    static, inputs = kernel_inputs(program, packed, dict(tissue.items()))
+    return static, [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["real", "pooled"])
+def test_opcheck_on_cuda(pooled):
+    static, inputs = kernel_call(pooled)
+    args = ops.static_args(static)
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    tangents = [None if x is None else torch.randn((2,) + tuple(x.shape), generator=g, dtype=x.dtype, device=CUDA)
+                for x in inputs]
+    cotangent = torch.complex(*(torch.randn(static.num_voxels, static.num_samples, generator=g, device=CUDA)
+                                for _ in range(2)))
+    wanted = [x is not None for x in inputs]
+    plain = [None if x is None else x.detach() for x in inputs]
+    torch.library.opcheck(OPS.epg_forward.default, (*args, *inputs))
+    torch.library.opcheck(OPS.epg_jvp.default, (*args, *inputs, *tangents))
+    torch.library.opcheck(OPS.epg_vjp.default, (*args, wanted, cotangent, *inputs))
+    torch.library.opcheck(OPS.epg_vjp_jvp.default, (*args, wanted, True, cotangent, cotangent * 0.5, *plain,
+                                                    *[None if t is None else t[:1] for t in tangents]))
+
+
+def test_op_derivatives_on_cuda_equal_the_eager_functions():
+    static, inputs = kernel_call(pooled=True)
+    leaves = [x for x in inputs if x is not None]
+    results = []
+    for run in (lambda: OPS.epg_forward(*ops.static_args(static), *inputs), lambda: EpgSimulate.apply(static, *inputs)):
+        signal = run()
+        grads = torch.autograd.grad((signal.abs() ** 2).sum(), leaves, create_graph=True)
+        hvp = torch.autograd.grad(sum(g.sum() for g in grads), leaves, allow_unused=True)
+        results.append([signal, *grads, *hvp])
+    for op_value, function_value in zip(*results, strict=True):
+        assert (op_value is None) == (function_value is None)
+        if op_value is not None:
+            assert torch.equal(op_value, function_value)
+
+
+T1 = torch.tensor(T1_MS)
+T2 = torch.tensor(T2_MS)
+
+
+def mrf_loss(flip_rad):
+    tissue = TissueProperties(t1_ms=T1.to(flip_rad.device), t2_ms=T2.to(flip_rad.device))
+    signal = engine.simulate(mrf_description(flip_rad, 0.01, inversion_time_s=0.02), tissue, states=16)
+    return (signal.abs() ** 2).sum() + signal.real.sum()
+
+
+def pooled_loss(flip_rad):
+    tissue = cuda_tissue(pooled=True)
+    signal = engine.simulate(mrf_description(flip_rad, 0.01, inversion_time_s=0.02), tissue, states=16)
+    return (signal.abs() ** 2).sum() + signal.real.sum()
+
+
+def eager(flip_rad, loss_fn):
+    x = flip_rad.detach().requires_grad_()
+    loss = loss_fn(x)
+    return loss.detach(), torch.autograd.grad(loss, x)[0]
+
+
+# 1e-5 relative: float32 kernels on the same inputs; Inductor computes the value operations (flips into event
+# values, phases wrapped) in its own fused kernels, whose float32 round-off (~1e-7) may differ from eager's, and
+# the gradient sums over ~100 events.
+TOL = 1e-5
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["free_water", "pooled"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_mrf_on_cuda(mode, pooled):
+    """The MRF loss compiled on the device; with pools, the pool tables' operations (thousands: a matrix
+    exponential per interval) are traced too, their constant parts (distinct intervals) computed once."""
+    torch._dynamo.utils.counters.clear()
+    loss_fn = pooled_loss if pooled else mrf_loss
+    compiled = torch.compile(loss_fn, fullgraph=True, mode=mode)
+    for k in range(4):  # reduce-overhead: warm-up, capture, replays
+        x = torch.linspace(0.2, 1.2, 40, device=CUDA).mul(1 + 0.05 * k).requires_grad_()
+        loss = compiled(x)
+        loss.backward()
+        expected_loss, expected_grad = eager(x, loss_fn)
+        assert rel_max_err(loss.detach(), expected_loss) < TOL
+        assert rel_max_err(x.grad, expected_grad) < TOL
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+    plan = getattr(_tracing._PLANS, _tracing._KEYS[next(k for k in reversed(_tracing._KEYS))][0])
+    for node in plan.graph.nodes:  # no host tensor is left in the plan
+        if node.op == "get_attr":
+            assert getattr(plan, node.target).device.type == "cuda", node.target
+        if node.op == "call_function":
+            assert node.kwargs.get("device") != torch.device("cpu"), node.format_node()
