@@ -17,7 +17,7 @@ from ._version import __version__
 __all__ = ["ABI_VERSION", "NUM_TISSUE", "TISSUE_PARAMS", "NativeLibraryError", "cpu_library", "check_status"]
 
 #: The ABI this Python package speaks (BS_ABI_VERSION in csrc/capi.h).
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 #: Tissue properties of the kernels, in the order of `enum bs_tissue_param`.
 TISSUE_PARAMS = (
@@ -68,15 +68,27 @@ class Program(ctypes.Structure):
         ("num_intervals", _i64),
         ("interval", _p),
         ("wrap_interval", _i64),
+        ("field_row", _p),
+        ("profile_row", _p),
+        ("spinor_row", _p),
+        ("num_field_rows", _i64),
+        ("num_spinor_rows", _i64),
+        ("num_profile_rows", _i64),
+        ("num_positions", _i64),
+        ("voxel_offset", _i64),
+        ("profile_bins", _i64),
+        ("profile_theta_max", ctypes.c_double),
     ]
 
 
-#: Tables of a tabulated layout, in the order of `struct bs_tables`.
-TABLES = ("L", "r", "T", "zeq", "sat")
+#: Tables, in the order of `struct bs_tables`: a tabulated layout's (L, r, T, zeq, sat), then the per-voxel
+#: pulses' (field, spinor, profile: csrc/include/blochsim/pulses.hpp).
+TABLES = ("L", "r", "T", "zeq", "sat", "field", "spinor", "profile")
+POOL_TABLES = TABLES[:5]
 
 
 class Tables(ctypes.Structure):
-    _fields_ = [(name, _p) for name in TABLES] + [("stride_v", _i64 * 5), ("stride_p", _i64 * 5)]
+    _fields_ = [(name, _p) for name in TABLES] + [("stride_v", _i64 * len(TABLES)), ("stride_p", _i64 * len(TABLES))]
 
 
 class TableGrads(ctypes.Structure):

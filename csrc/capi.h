@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Bumped on every change of a struct below or of an entry point's meaning. */
-#define BS_ABI_VERSION 3
+#define BS_ABI_VERSION 4
 
 enum bs_dtype { BS_FLOAT32 = 0, BS_FLOAT64 = 1 };
 
@@ -87,19 +87,35 @@ typedef struct bs_program {
   int64_t num_intervals;          /* D: table rows (distinct intervals)                                 */
   const int32_t* interval;        /* [E] read: table row of each event's interval (any value if none)   */
   int64_t wrap_interval;          /* table row of event 0's interval on repetitions after the first     */
+  /* Pulses played per voxel (csrc/include/blochsim/pulses.hpp; complex path only). A null row array: no
+   * event reads that table. Voxel v of the call plays at slice position (v + voxel_offset) % num_positions. */
+  const int32_t* field_row;       /* [E] read: row of tables.field (the event's transmit field), or -1   */
+  const int32_t* profile_row;     /* [E] read: row of tables.profile (a profiled definition), or -1      */
+  const int32_t* spinor_row;      /* [E] read: row of tables.spinor (a per-voxel Cayley-Klein pair), or -1 */
+  int64_t num_field_rows;         /* F                                                                  */
+  int64_t num_spinor_rows;        /* Rs                                                                 */
+  int64_t num_profile_rows;       /* Dp                                                                 */
+  int64_t num_positions;          /* P >= 1: slice positions                                            */
+  int64_t voxel_offset;           /* the call's first voxel within the slice-resolved layout (chunks)   */
+  int64_t profile_bins;           /* knots of effective flip over [0, profile_theta_max], >= 2         */
+  double profile_theta_max;       /* rad                                                                */
 } bs_program;
 
-/* Per-voxel tables of a tabulated layout (see csrc/include/blochsim/relax_tables.hpp). Element i of voxel v
- * of a table is at data[v * stride_v + i]; stride_v 0 shares one table among all voxels. As tangents, the
- * tables carry a leading [P] axis with stride stride_p. */
+/* Per-voxel tables: of a tabulated layout (see csrc/include/blochsim/relax_tables.hpp) and of per-voxel
+ * pulses (pulses.hpp). Element i of voxel v of a table is at data[v * stride_v + i]; stride_v 0 shares one
+ * table among all voxels. As tangents, the tables carry a leading [P] axis with stride stride_p. */
 typedef struct bs_tables {
   const void* L;    /* [V|1, D, nl, nl] real: exp(A dt), longitudinal           */
   const void* r;    /* [V|1, D, nl] real: (I - L) Zeq, added to Z(0)            */
   const void* T;    /* [V|1, D, nt, nt] complex: exp(C dt), transverse          */
   const void* zeq;  /* [V|1, nl] real: equilibrium, fractions of M0             */
   const void* sat;  /* [V|1, E] real: S * G(f_rf - B0) of each RF event          */
-  int64_t stride_v[5];
-  int64_t stride_p[5];
+  /* Per-voxel pulses (pulses.hpp), with or without pool tables: */
+  const void* field;    /* [V|1, F, 2] real: transmit field rows, (magnitude, phase rad)                   */
+  const void* spinor;   /* [V|1, Rs, 4] real: Cayley-Klein pairs (a, b) at phase 0, (re, im) each           */
+  const void* profile;  /* [1, P, Dp, bins, 8] real: (a, b, da/dtheta, db/dtheta) at each knot, shared      */
+  int64_t stride_v[8];
+  int64_t stride_p[8];
 } bs_tables;
 
 /* Per-voxel cotangents of the tables (written; [V, ...] in the shapes above; null: not wanted). */
@@ -109,6 +125,9 @@ typedef struct bs_table_grads {
   void* T;
   void* zeq;
   void* sat;
+  void* field;
+  void* spinor;
+  void* profile;  /* always null: the profiles are constants */
 } bs_table_grads;
 
 /* Per-voxel tissue: value of property j for voxel v is data[j][v * stride[j]] (stride 0 broadcasts). */

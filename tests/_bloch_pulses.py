@@ -3,12 +3,12 @@ profiles and parallel transmit: NumPy magnetization vectors turned sample by sam
 
 It knows nothing of Cayley-Klein pairs, EPG orders or blochsim's pulse code. A pulse is its samples: each
 sample k turns the magnetization right-handedly about (Re d_k, Im d_k, tau_k) by the vector's length (rad),
-d_k = amplitude * 2 pi * w_k * dt_k * e^{i phase} (the RF nutation of the definition's normalized envelope w,
-API.md 6.3: a definition's |int w dt| is 1/(2 pi), so the amplitude in rad is the flip) and
-tau_k = -2 pi x BW dt_k the slice-select gradient's precession at slice position x (API.md 1.6: an off-
+d_k = amplitude * 2 pi * w_k * dt_k * e^{i phase} (the RF nutation of the definition's normalized envelope w:
+a definition's |int w dt| is 1/(2 pi), so the amplitude in rad is the flip) and
+tau_k = -2 pi x BW dt_k the slice-select gradient's precession at slice position x (an off-
 resonance f turns the transverse magnetization by -2 pi f t; position x in slice thicknesses sees
-f = x BW). The EPG plays a pulse at one instant with its rotation referenced to the pulse middle (API.md
-6.5); the spins here get exactly that physically: a prewinder undoing the first half's gradient precession,
+f = x BW). The EPG plays a pulse at one instant with its rotation referenced to the pulse middle; the
+spins here get exactly that physically: a prewinder undoing the first half's gradient precession,
 the pulse with its gradient on, and a rewinder undoing the second half's (z turns of minus those areas).
 
 Crushers are spins over one period of the crusher pattern: spin j at crusher phase zeta_j = 2 pi j / N, a

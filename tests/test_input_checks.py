@@ -1,7 +1,7 @@
 """Inputs that used to pass silently, or fail with the wrong words (issue 20, items 3, 4 and 6).
 
-* Static shims (`shim_id` other than 0) are not modelled: every entry point raises NotImplementedError
-  naming the event and the id, rather than playing the pulse unshimmed.
+* A static shim (`shim_id` other than 0) that the description does not define: every entry point raises
+  ValueError naming the event and the id, rather than playing the pulse unshimmed.
 * Every tissue property has an accepted range (`engine.tissue.FIELD_RANGES`, and for the closed-form
   names `simulators._closed_form.range_of`); a value outside it raises ValueError naming the property as
   the caller gave it, the first bad index and the range. The walk below takes its names from the code's
@@ -266,16 +266,18 @@ SHIM_CALLS = {
 
 
 @pytest.mark.parametrize("call", list(SHIM_CALLS))
-def test_shim_id_is_refused_everywhere(call):
-    """A pulse of a shim other than 0 used to play unshimmed; now each entry point names the event and the id."""
+def test_undefined_shim_is_refused_everywhere(call):
+    """A pulse of a shim other than 0 used to play unshimmed; now each entry point names the event and the id
+    of a shim the description does not define (shims it defines play: tests/test_pulses_engine.py)."""
     where, shim = ("events\\[2\\]", "shim_id=1") if "Simulator" not in call and "function" not in call \
         else ("events\\[0\\]", "shim_id=3")
-    with pytest.raises(NotImplementedError, match=f"^{where} is an RF pulse of {shim}: static parallel-transmit"):
+    with pytest.raises(ValueError, match=f"^{where} plays {shim}, which shim_definitions does not hold"):
         SHIM_CALLS[call]()
 
 
 def test_shim_zero_and_descriptions_still_work():
-    """shim_id=0 plays, and describing a shimmed layout is allowed: only running it is refused."""
+    """shim_id=0 plays, and describing a shimmed layout is allowed: only running it without the shim is
+    refused."""
     plain = SequenceDescription.from_operators(Excitation(0.5, shim_id=0), SPGRReadout(0.0, duration_s=0.01))
     assert engine.simulate(plain, TISSUE, states=4).shape == (1, 1)
     assert Shimmed(flip=10.0).describe().events[0].rf_shim_id == 3

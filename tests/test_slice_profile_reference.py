@@ -56,7 +56,7 @@ def bloch_gre(definition, flip, phase, positions, te_s, *, b1=1.0):
 
 
 def test_compose_spinor_matches_rotations():
-    # A hard pulse of area t about x: (cos t/2, -i sin t/2) (API.md 6.5).
+    # A hard pulse of area t about x: (cos t/2, -i sin t/2).
     a, b = compose_spinor(torch.tensor([0.3, 0.4], dtype=F64), torch.tensor(0.0))
     assert a.dtype == torch.complex128
     torch.testing.assert_close(a, torch.tensor(math.cos(0.35), dtype=torch.complex128), rtol=0, atol=1e-15)

@@ -5,7 +5,9 @@ with `engine.tissue.pack_tissue`, compile (or resolve) a `Program`, and call `ru
 
 * narrows the event values to the kernel dtype on the tissue's device, phases wrapped modulo 2 pi in
   float64 first (an RF-spoiled train reaches thousands of rad, which float32 holds to 1e-4 rad only);
-* builds the pool tables (`engine.pools`) when the tissue has pools;
+* builds the pool tables (`engine.pools`) when the tissue has pools, and the tables of pulses played per
+  voxel (`engine.pulses`: static shims, slice profiles, dynamic pTx); a slice-resolved call runs its slice
+  positions as extra voxels (`engine.pulses.across_positions`) and averages the samples over them;
 * calls the kernels' autograd Functions: the forward, or the forward-mode Jacobian along named tissue
   fields (each kernel input's tangent from `tissue_tangents`);
 * applies T2' to the samples (`engine.unrefocused`).
@@ -31,6 +33,7 @@ from . import kernels as K
 from .functions import run_forward, run_jacobian
 from .pools import interval_rows, pool_tables
 from .program import Program
+from .pulses import across_positions, pulse_tables
 from .tissue import PackedTissue
 from .unrefocused import apply_t2_prime, t2_prime_active
 
@@ -107,9 +110,17 @@ def kernel_inputs(program: Program, packed: PackedTissue, tissue: Mapping, *, va
     """The kernel call of `program` on the packed tissue: (Static, inputs), as `run` makes it."""
     dtype, device = packed.dtype, packed.device
     event = event_inputs(program, values, dtype, device, wrapped=wrapped)
-    tables, extra = (None,) * len(nat.TABLES), {}
+    tables, extra = (None,) * len(nat.POOL_TABLES), {}
     if packed.pools.pooled:
         tables, extra = _pool_inputs(program, _lengths(program, values), tissue, packed, lineshape)
+    if program.pulses is None:
+        tables = tables + (None,) * (len(nat.TABLES) - len(nat.POOL_TABLES))
+    else:
+        flip_rad = program.flip_rad if values is None else values[2]
+        pulses, settings = pulse_tables(program.pulses, flip_rad, packed)
+        field_row, profile_row, spinor_row = program.rows_on(device)
+        tables = tables + pulses
+        extra = dict(extra, **settings, field_row=field_row, profile_row=profile_row, spinor_row=spinor_row)
     action, record = program.structure_on(device)
     static = K.Static(
         action=action, record=record, num_repetitions=program.num_repetitions, num_samples=program.num_samples,
@@ -127,8 +138,12 @@ def run(program: Program, packed: PackedTissue, tissue: Mapping, *, values: tupl
     `packed` is `pack_tissue(tissue, active=jacobian)`, in the kernel dtype; `tissue` the mapping it was
     packed from (engine field -> value: the pool tables and T2' read it). `values` (dt_s, dt_wrap_s,
     flip_rad, phase_rad) replace the program's own (a resolved call's, `wrapped` as in `event_inputs`).
-    `jacobian` names the P tissue fields to differentiate along (forward mode).
+    `jacobian` names the P tissue fields to differentiate along (forward mode). A slice-resolved program
+    (`program.pulses.positions` > 1) runs every voxel at each slice position and averages the samples.
     """
+    positions = 1 if program.pulses is None else program.pulses.positions
+    if positions > 1:
+        packed, tissue = across_positions(packed, tissue, positions)
     static, inputs = kernel_inputs(program, packed, tissue, values=values, wrapped=wrapped, lineshape=lineshape,
                                    checkpoint_stride=checkpoint_stride)
     S, voxel_shape = program.num_samples, packed.voxel_shape
@@ -139,12 +154,14 @@ def run(program: Program, packed: PackedTissue, tissue: Mapping, *, values: tupl
         timed = dataclasses.replace(program, dt_s=values[0], dt_wrap_s=values[1])
     if not jacobian:
         signal = run_forward(static, inputs).reshape(voxel_shape + (S,))
-        return apply_t2_prime(timed, t2_prime_ms, signal)
+        signal, _ = apply_t2_prime(timed, t2_prime_ms, signal)
+        return (signal if positions == 1 else signal.mean(-2)), None
     tangents = tissue_tangents(program, _lengths(program, values), tissue, packed, inputs, jacobian, lineshape)
     signal, jac = run_jacobian(static, inputs, tangents)
     signal = signal.reshape(voxel_shape + (S,))
     jac = jac.permute(1, 0, 2).reshape(voxel_shape + (len(jacobian), S))  # [P, V, S] -> (*voxel, P, S)
-    return apply_t2_prime(timed, t2_prime_ms, signal, jac, jacobian)
+    signal, jac = apply_t2_prime(timed, t2_prime_ms, signal, jac, jacobian)
+    return (signal, jac) if positions == 1 else (signal.mean(-2), jac.mean(-3))
 
 
 # -- tangents of the kernel inputs along tissue fields ----------------------------------------------
@@ -171,8 +188,8 @@ def tissue_tangents(program: Program, lengths: tuple, tissue: Mapping, packed: P
         index = direct.get(name)
         if index is not None:
             column[index] = torch.ones_like(inputs[index])
-        if name in tables:
-            column[K.TABLE_START:] = tables[name]
+        if name in tables:  # the pool tables' (the pulses' tables take no tangent along a tissue field)
+            column[K.TABLE_START:K.TABLE_START + len(tables[name])] = tables[name]
         columns.append(column)
     tangents = []
     for i, x in enumerate(inputs):

@@ -22,6 +22,7 @@ from .._arrays import to_tensor
 from .._errors import check_device
 from ..sequence.columns import vector
 from ..sequence.description import SequenceDescription
+from ..sequence.spinor import slice_profile_of
 from ..sequence.tissue import TissueProperties
 from .bind import run
 from .program import (
@@ -34,6 +35,7 @@ from .program import (
     unroll,
     values_of,
 )
+from .pulses import transmit_channels
 from .steady import simulate_steady
 from .tissue import pack_tissue, tissue_device
 from .vmap import loop_under_vmap
@@ -77,6 +79,7 @@ class PackedDescription:
     states: int | None
     record_every: bool
     trains: tuple = ()
+    slice_profile: object = None  # an ExactSliceProfile, or None (the slice centre)
     _programs: dict = field(default_factory=dict, repr=False)
 
     def program(self, complex_states: bool):
@@ -94,7 +97,7 @@ class PackedDescription:
                 reps = 1  # every playing is laid out and recorded by `unroll`
                 states = states if states is not None else default_states(self.description, self.repetitions)
             kept = compile_program(self.description, repetitions=reps, record=self.record, states=states,
-                                   complex_states=complex_states)
+                                   complex_states=complex_states, slice_profile=self.slice_profile)
             if kept.sources is not None:
                 self._programs[complex_states] = kept
         return kept
@@ -105,13 +108,14 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
     """Compile `description` once for `EpgEngine.simulate(..., events=...)`.
 
     `record_every=True` records every playing, not only the last (samples `(repetitions x S)`, labelled
-    by `repetition`). `slice_profile` is not supported yet (NotImplementedError). A train axis in the
-    event values is split here (`split_trains`, which raises ValueError for malformed per-train values).
+    by `repetition`). `slice_profile` (an int of positions or an `ExactSliceProfile`; `across_slice` of
+    `EpgEngine.simulate`) plays PROFILED definitions per slice position and averages over them. A train
+    axis in the event values is split here (`split_trains`, which raises ValueError for malformed per-train
+    values).
     """
     if not isinstance(description, SequenceDescription):
         raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
-    if slice_profile is not None:
-        raise NotImplementedError("slice_profile: slice-profile integration is not built into the engine yet")
+    slice_profile = slice_profile_of(slice_profile, "slice_profile")
     check_device(device)
     if record not in _RECORD_MODES:
         raise ValueError(f"record must be one of {_RECORD_MODES}, got {record!r}")
@@ -123,9 +127,9 @@ def pack_description(description, *, repetitions=1, record="all", device=None, r
     check_shims(description)
     if rf_raster_time_s != 1e-6 and rf_raster_time_s != description.rf_raster_time_s:
         description = dataclasses.replace(description, rf_raster_time_s=rf_raster_time_s)
-    trains = tuple(PackedDescription(part, repetitions, record, states, bool(record_every))
+    trains = tuple(PackedDescription(part, repetitions, record, states, bool(record_every), (), slice_profile)
                    for part in split_trains(description) or ())
-    return PackedDescription(description, repetitions, record, states, bool(record_every), trains)
+    return PackedDescription(description, repetitions, record, states, bool(record_every), trains, slice_profile)
 
 
 def _tissue_fields(tissue: TissueProperties) -> dict:
@@ -152,19 +156,20 @@ class EpgEngine:
         """Play `description` on `tissue` and return the samples of the last playing with their labels.
 
         `repetitions` is an int >= 1 or "auto" (steady state); `nstates` the EPG orders
-        (None: automatic). `events` is a `pack_description` result for this description.
+        (None: automatic). `across_slice` (an int of positions or an `ExactSliceProfile`) plays PROFILED
+        definitions per slice position, the tissue replicated per position, and averages the samples.
+        `events` is a `pack_description` result for this description (its `slice_profile` then holds).
+        B1 and B1phase carry a leading channel axis when the description defines shims or dynamic pTx
+        pulses.
         Differentiable in reverse mode through every tensor of the description and the tissue. Event
         values with a train axis give a signal `(trains, *voxel_shape, samples)`, one program per train.
         Under `torch.func.vmap` the batch runs as a loop (`engine.vmap`).
         """
-        if across_slice is not None:
-            raise NotImplementedError(f"across_slice={across_slice!r}: slice-profile integration is not built "
-                                      "into the engine yet; leave across_slice=None")
         if not isinstance(tissue, TissueProperties):
             raise TypeError(f"tissue must be a TissueProperties, got {type(tissue).__name__}")
         if events is None:
             events = pack_description(description, repetitions=repetitions, record=record, device=device,
-                                      rf_raster_time_s=rf_raster_time_s, nstates=nstates)
+                                      rf_raster_time_s=rf_raster_time_s, nstates=nstates, slice_profile=across_slice)
         elif not isinstance(events, PackedDescription):
             raise TypeError(f"events must come from pack_description, got {type(events).__name__}")
         check_device(device)
@@ -176,7 +181,8 @@ class EpgEngine:
         work = home if device is None else torch.device(device)
         # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 (engine.steady).
         dtype = torch.float64 if events.repetitions == "auto" and work.type == "cpu" else torch.float32
-        packed = pack_tissue(fields, dtype=dtype, device=work)
+        channels = transmit_channels(events.description.shim_definitions, events.description.rf_definitions)
+        packed = pack_tissue(fields, dtype=dtype, device=work, channels=channels)
         runs = [_play(part, packed, fields) for part in events.trains or (events,)]
         signal = torch.stack([s for s, _ in runs]) if events.trains else runs[0][0]
         return _labelled(signal.to(home), runs[0][1], events)

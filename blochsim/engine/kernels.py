@@ -49,6 +49,18 @@ class Static:
     wrap_interval: int = 0
     num_intervals: int = 0
     device: torch.device = torch.device("cpu")
+    # Per-voxel pulses (engine.pulses; csrc/include/blochsim/pulses.hpp): [E] int32 rows of the field, profile
+    # and spinor tables (None: no event has one), the tables' row counts, the slice positions and profile knots.
+    field_row: torch.Tensor | None = None
+    profile_row: torch.Tensor | None = None
+    spinor_row: torch.Tensor | None = None
+    num_field_rows: int = 0
+    num_spinor_rows: int = 0
+    num_profile_rows: int = 0
+    num_positions: int = 1
+    voxel_offset: int = 0  # the first voxel of a chunk within the call (its slice positions run on from there)
+    profile_bins: int = 0
+    profile_theta_max: float = 0.0
 
     @property
     def num_events(self) -> int:
@@ -110,6 +122,16 @@ def _program(st: Static, inputs) -> nat.Program:
         st.num_intervals,
         _ptr(st.interval),
         st.wrap_interval,
+        _ptr(st.field_row),
+        _ptr(st.profile_row),
+        _ptr(st.spinor_row),
+        st.num_field_rows,
+        st.num_spinor_rows,
+        st.num_profile_rows,
+        st.num_positions,
+        st.voxel_offset,
+        st.profile_bins,
+        st.profile_theta_max,
     )
 
 
@@ -272,9 +294,10 @@ class _Placed:
                 query = chunks.scratch_query(device, _PASSES[entry], query_args(st))
                 scratch = query  # (c, stride) -> bytes
             self.chunk = self._plan(st, entry, per_voxel, scratch)
+        moved = {name: None if getattr(st, name) is None else getattr(st, name).to(device)
+                 for name in ("interval", "field_row", "profile_row", "spinor_row")}
         self.static = st if device == st.device else dataclasses.replace(
-            st, action=st.action.to(device), record=st.record.to(device),
-            interval=None if st.interval is None else st.interval.to(device), device=device)
+            st, action=st.action.to(device), record=st.record.to(device), device=device, **moved)
         if self.stride != st.checkpoint_stride:
             self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride)
         self.placed = device == st.device  # inputs used where they are
@@ -296,7 +319,9 @@ class _Placed:
 
     def chunk_static(self, piece: chunks.Chunk) -> Static:
         st = self.static
-        return st if piece.count == st.num_voxels else dataclasses.replace(st, num_voxels=piece.count)
+        if piece.count == st.num_voxels:
+            return st
+        return dataclasses.replace(st, num_voxels=piece.count, voxel_offset=st.voxel_offset + piece.start)
 
     def inputs(self, piece: chunks.Chunk, inputs) -> list:
         """A chunk's inputs on the run device: the event values as placed, tissue and tables sliced."""

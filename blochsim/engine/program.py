@@ -29,6 +29,8 @@ from .. import _native as nat
 from .._arrays import differentiated, transformed
 from ..sequence.columns import COLUMNS_KEY, columns_of
 from ..sequence.events import AdcRole, EventAction, EventType, trusted_event
+from ..sequence.spinor import slice_profile_of
+from .pulses import PulsePlan, plan_pulses
 
 __all__ = ["Program", "TrainAxisError", "compile_program", "default_states", "shifts_per_repetition",
            "split_trains", "windings", "values_of", "unroll"]
@@ -57,6 +59,12 @@ class Program:
     sat_per_rad2: np.ndarray  # [E] saturation constant S of each rotating pulse's definition (0 elsewhere)
     rf_hz: np.ndarray  # [E] frequency offset of each rotating pulse, Hz
     axis_phase_rad: float = 0.0  # the common pulse axis on the real path
+    # Per-voxel pulses (engine.pulses): per event its row of the field, profile and spinor tables (-1: none;
+    # None: no event has one), and what the rows play.
+    field_row: np.ndarray | None = None
+    profile_row: np.ndarray | None = None
+    spinor_row: np.ndarray | None = None
+    pulses: PulsePlan | None = None
     # What was moved to a device: device -> (action, record), (device, dtype) -> values. Shallow copies of
     # a program share it, so each entry keeps the arrays it was made from and serves only those.
     bound: dict = field(default_factory=dict, repr=False, compare=False)
@@ -87,6 +95,16 @@ class Program:
             on_device = (torch.from_numpy(self.action).to(device), torch.from_numpy(self.record).to(device))
             hit = self.bound[device] = (self.action, self.record, on_device)
         return hit[2]
+
+    def rows_on(self, device) -> tuple:
+        """(field_row, profile_row, spinor_row) as int32 tensors on `device` (None where absent), once per
+        device."""
+        own = (self.field_row, self.profile_row, self.spinor_row)
+        hit = self.bound.get(("rows", device))
+        if hit is None or not all(a is b for a, b in zip(hit[0], own, strict=True)):
+            on_device = tuple(None if r is None else torch.from_numpy(r).to(device) for r in own)
+            hit = self.bound[("rows", device)] = (own, on_device)
+        return hit[1]
 
 
 def _count_windings(a: np.ndarray) -> int:
@@ -231,7 +249,7 @@ def _train(description, found: dict, k: int):
 
 
 def compile_program(description, *, repetitions: int = 1, record: str = "all", states: int | None = None,
-                    complex_states: bool = False, checkpoint_stride: int = 4) -> Program:
+                    complex_states: bool = False, checkpoint_stride: int = 4, slice_profile=None) -> Program:
     """Compile `description` for the kernels.
 
     `complex_states=True` forces the complex path (the caller sets it when tissue asks for phase physics:
@@ -246,6 +264,8 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     torch.no_grad(): flips[3] = ...`) bumps its version counter, and the next call compiles afresh
     (`_value_sources`). Differentiated programs are compiled on every call.
     A description with a train axis raises `TrainAxisError`, whose `parts` are its trains (`split_trains`).
+    `slice_profile` (an `ExactSliceProfile`, or an int of positions) plays PROFILED definitions per slice
+    position (`engine.pulses`); static shims and dynamic pTx pulses are planned whatever it is.
     """
     if not isinstance(checkpoint_stride, int) or checkpoint_stride < 1:
         raise ValueError(f"checkpoint_stride must be an integer >= 1, got {checkpoint_stride!r}")
@@ -254,7 +274,9 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
         raise ValueError(f"repetitions must be an integer >= 1, got {repetitions!r}")
     states = check_states(states)
-    key = (repetitions, record, states, complex_states, checkpoint_stride)
+    slice_profile = slice_profile_of(slice_profile)
+    key = (repetitions, record, states, complex_states, checkpoint_stride,
+           None if slice_profile is None else slice_profile.key())
     cache = getattr(description, _CACHE, None)
     kept = None if cache is None else cache.get(key)
     if kept is not None and kept.current:
@@ -263,7 +285,7 @@ def compile_program(description, *, repetitions: int = 1, record: str = "all", s
     if trains:  # split by an earlier call: skip the partial compile
         raise TrainAxisError(trains)
     try:
-        program = _compile(description, repetitions, record, states, complex_states)
+        program = _compile(description, repetitions, record, states, complex_states, slice_profile)
     except _PerTrain:
         raise TrainAxisError(split_trains(description)) from None
     if not program.constant or not hasattr(description, "__dict__"):
@@ -383,31 +405,24 @@ def _layout(columns, description, record: str) -> _Layout:
     return layout
 
 
-def shim_error(index: int, shim_id) -> NotImplementedError:
-    """The error for events[index], an RF event playing static shim `shim_id` (not 0), which no engine models yet."""
-    return NotImplementedError(
-        f"events[{index}] is an RF pulse of shim_id={shim_id}: static parallel-transmit shims (shim ids other than "
-        "0) are not built into the engine yet, and playing the pulse unshimmed would be a different sequence; "
-        "give it shim_id=0")
-
-
 def check_shims(description) -> None:
-    """Raise `shim_error` at the first RF event of `description` with a shim id other than 0.
+    """ValueError at the first RF event of `description` playing a shim id (other than 0) that its
+    `shim_definitions` do not hold.
 
     A builder's description (its columns attached) plays shim 0 throughout and is not walked.
     """
     if getattr(description, COLUMNS_KEY, None) is not None:
         return
     for i, event in enumerate(description.events):
-        if event.type is _RF_EVENT and event.params[5] != 0:
-            raise shim_error(i, event.params[5])
+        if event.type is _RF_EVENT and event.params[5] != 0 and event.params[5] not in description.shim_definitions:
+            raise ValueError(f"events[{i}] plays shim_id={event.params[5]}, which shim_definitions does not hold "
+                             f"(ids: {sorted(description.shim_definitions)})")
 
 
 _RF_EVENT = EventType.RF
 
 
-def _compile(description, repetitions, record, states, complex_states) -> Program:
-    check_shims(description)
+def _compile(description, repetitions, record, states, complex_states, slice_profile=None) -> Program:
     columns = columns_of(description)
     if columns is None:
         raise _PerTrain
@@ -423,6 +438,8 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
     # The program's own arrays: the layout is kept for later calls and a caller may change its program's.
     action, records, sat, freqs = (a.copy() for a in (layout.action, layout.record, layout.sat, layout.rf_hz))
     samples, scale, extra = list(layout.samples), layout.scale, layout.extra
+    definition_ids = columns.definition_id[layout.kept] if layout.kept.any() else np.full(1, -1)
+    pulses = plan_pulses(description, layout.kept, action, definition_ids, slice_profile)
 
     dt_s = torch.diff(t_us, prepend=t_us.new_zeros(1)) * 1e-6
     tr_us = description.tr_duration_us  # on the host with the columns (a protocol on a GPU: copied, differentiable)
@@ -440,7 +457,7 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
         phase_rad = phase_rad + torch.from_numpy(extra)
     rotating = (action & nat.ROTATE) != 0
     path, axis = nat.PATH_COMPLEX, 0.0
-    if not complex_states and not columns.rf_phase_differentiated:
+    if not complex_states and not columns.rf_phase_differentiated and pulses is None:
         turning = _host(phase_rad)[rotating]
         axis = float(turning[0]) if turning.size else 0.0
         turns = (turning - axis) / math.pi
@@ -478,6 +495,10 @@ def _compile(description, repetitions, record, states, complex_states) -> Progra
         sat_per_rad2=sat,
         rf_hz=freqs,
         axis_phase_rad=axis,
+        field_row=None if pulses is None else pulses.field_row,
+        profile_row=None if pulses is None else pulses.profile_row,
+        spinor_row=None if pulses is None else pulses.spinor_row,
+        pulses=pulses,
     )
 
 

@@ -9,6 +9,7 @@ import torch
 from .. import _native as nat
 from .bind import run
 from .program import TrainAxisError, compile_program
+from .pulses import transmit_channels
 from .tissue import pack_tissue
 from .vmap import loop_under_vmap
 
@@ -17,14 +18,17 @@ __all__ = ["simulate", "jacobian", "prepare"]
 _PATHS = ("auto", "real", "complex")
 
 
-def prepare(description, tissue, *, states, repetitions, record, dtype, path, checkpoint_stride, active=()):
+def prepare(description, tissue, *, states, repetitions, record, dtype, path, checkpoint_stride, active=(),
+            across_slice=None):
     """Pack and compile: (program, packed tissue). The packing checks the tissue and says whether it needs
-    the complex path."""
+    the complex path. B1 and B1phase carry a channel axis when the description defines shims or dynamic
+    pTx pulses (`engine.pulses.transmit_channels`)."""
     if path not in _PATHS:
         raise ValueError(f"path must be one of {_PATHS}, got {path!r}")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    packed = pack_tissue(tissue, dtype=dtype, active=active)
+    channels = transmit_channels(description.shim_definitions, description.rf_definitions)
+    packed = pack_tissue(tissue, dtype=dtype, active=active, channels=channels)
     program = compile_program(
         description,
         repetitions=repetitions,
@@ -32,6 +36,7 @@ def prepare(description, tissue, *, states, repetitions, record, dtype, path, ch
         states=states,
         complex_states=packed.phase_physics or path == "complex",
         checkpoint_stride=checkpoint_stride,
+        slice_profile=across_slice,
     )
     if path == "real" and program.path != nat.PATH_REAL:
         raise ValueError(
@@ -53,8 +58,12 @@ def simulate(
     path: str = "auto",
     checkpoint_stride: int = 4,
     lineshape: str = "super-lorentzian",
+    across_slice=None,
 ) -> torch.Tensor:
     """Signal of every voxel, complex, shape (*voxel_shape, samples). Differentiable in both modes.
+
+    `across_slice` (an int of positions or an `ExactSliceProfile`) plays PROFILED definitions at each slice
+    position, every voxel once per position in one launch, and averages the samples over the positions.
 
     A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.unrefocused`).
     Event values with a train axis of T (`program.split_trains`) give (T, *voxel_shape, samples): one
@@ -62,11 +71,12 @@ def simulate(
     (`engine.vmap`)."""
     try:
         program, packed = prepare(description, tissue, states=states, repetitions=repetitions, record=record,
-                                  dtype=dtype, path=path, checkpoint_stride=checkpoint_stride)
+                                  dtype=dtype, path=path, checkpoint_stride=checkpoint_stride,
+                                  across_slice=across_slice)
     except TrainAxisError as trains:
         return torch.stack([simulate(part, tissue, states=states, repetitions=repetitions, record=record,
                                      dtype=dtype, path=path, checkpoint_stride=checkpoint_stride,
-                                     lineshape=lineshape) for part in trains.parts])
+                                     lineshape=lineshape, across_slice=across_slice) for part in trains.parts])
     return run(program, packed, dict(tissue.items()), lineshape=lineshape, checkpoint_stride=checkpoint_stride)[0]
 
 
@@ -83,6 +93,7 @@ def jacobian(
     path: str = "auto",
     checkpoint_stride: int = 4,
     lineshape: str = "super-lorentzian",
+    across_slice=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(signal (*voxel, samples), J (*voxel, P, samples)): forward mode along the named tissue fields.
 
@@ -98,11 +109,12 @@ def jacobian(
             raise ValueError(f"jacobian field {name!r} is not a tissue field; accepted: {sorted(names)}")
     try:
         program, packed = prepare(description, tissue, states=states, repetitions=repetitions, record=record,
-                                  dtype=dtype, path=path, checkpoint_stride=checkpoint_stride, active=fields)
+                                  dtype=dtype, path=path, checkpoint_stride=checkpoint_stride, active=fields,
+                                  across_slice=across_slice)
     except TrainAxisError as trains:
         runs = [jacobian(part, tissue, fields, states=states, repetitions=repetitions, record=record, dtype=dtype,
-                         path=path, checkpoint_stride=checkpoint_stride, lineshape=lineshape)
-                for part in trains.parts]
+                         path=path, checkpoint_stride=checkpoint_stride, lineshape=lineshape,
+                         across_slice=across_slice) for part in trains.parts]
         return torch.stack([signal for signal, _ in runs]), torch.stack([jac for _, jac in runs])
     return run(program, packed, dict(tissue.items()), jacobian=fields, lineshape=lineshape,
                checkpoint_stride=checkpoint_stride)

@@ -248,6 +248,9 @@ class PackedTissue:
     pools: PoolModel
     dtype: torch.dtype  # of the buffers: the kernels' number type
     device: torch.device  # where the buffers are
+    # The channel fields B1_c e^{i B1phase_c}, (C, V or 1) complex128, when B1 and B1phase carry a channel axis
+    # (shims or dynamic pTx: engine.pulses); None otherwise. B1 and B1phase are then not sent as tissue.
+    transmit: torch.Tensor | None = None
 
 
 #: Fields always sent, whatever their value: the relaxation times of free water.
@@ -256,7 +259,8 @@ _PHASE_FIELDS = ("b0_hz", "b1_phase_rad", "velocity_m_per_s")
 _POOL_SHIFTS = tuple(f"pool_{x}_shift_hz" for x in POOL_LETTERS)
 
 
-def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, active=(), names=None) -> PackedTissue:
+def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, active=(), names=None,
+                channels: int | None = None) -> PackedTissue:
     """Pack `tissue` for the kernels: a `TissueProperties`, or a mapping `{engine field: number or tensor}`
     of the fields given (`t1_ms` and `t2_ms` among them; the others default to their identity value).
 
@@ -265,19 +269,23 @@ def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, acti
     `active` are sent, and count as present, even at their identity value (a Jacobian needs them). T2'
     (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`).
     Buffers are made on `device` (default: `tissue_device`). One host sync.
+    `channels` (the description's shims or dynamic pTx pulses, `engine.pulses.transmit_channels`): B1 and
+    B1phase carry a leading axis of that many channels (a number is every channel's) and are packed as the
+    complex channel fields `transmit` (C, V); they cannot be differentiated along in forward mode.
 
     The last packing is kept while its tensors are the same and unmodified and nothing is differentiated
     (`LastResult`): a loop that changes only the sequence packs and checks its tissue once.
     """
     device = None if device is None else torch.device(device)
-    settings = (dtype, device, tuple(active))
+    settings = (dtype, device, tuple(active), channels)
     owner = tissue if isinstance(tissue, TissueProperties) else None
     kept = _LAST_PACKING.kept_for(owner, settings) if owner is not None else None
     if kept is None:
         fields = dict(tissue.items())
         kept, key = _LAST_PACKING.lookup(settings, fields.items())
         if kept is None:
-            kept = _pack(fields, dtype, tissue_device(fields) if device is None else device, active, names or {})
+            kept = _pack(fields, dtype, tissue_device(fields) if device is None else device, active, names or {},
+                         channels)
             _LAST_PACKING.keep(key, kept, owner=owner)
         elif owner is not None:  # kept for this object: the next call of it skips the walk over its fields
             _LAST_PACKING.keep(key, kept, owner=owner)
@@ -287,8 +295,46 @@ def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, acti
 _LAST_PACKING = LastResult()
 
 
-def _pack(fields: dict, dtype, device, active, names: dict) -> PackedTissue:
+_TRANSMIT = ("b1", "b1_phase_rad")
+
+
+def _channel_maps(fields: dict, channels: int, names: dict, active) -> dict:
+    """B1 and B1phase with their channel axis checked: tensors (C, *V) or numbers (every channel's)."""
+    for name in _TRANSMIT:
+        if name in active:
+            raise ValueError(f"a Jacobian along {names.get(name, name)} is not available while it carries a channel "
+                             "axis (shims or dynamic pTx): differentiate the channel maps in reverse mode")
+        value = fields.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] != channels:
+            raise ValueError(f"{names.get(name, name)} must carry a leading channel axis of {channels} channels (the "
+                             f"description's shims or dynamic pTx pulses), got shape {tuple(value.shape)}")
+    return {name: fields.get(name, IDENTITY[name]) for name in _TRANSMIT}
+
+
+def _transmit(maps: dict, channels: int, voxel_shape: tuple, device) -> torch.Tensor:
+    """The channel fields (C, V or 1) complex128 from the checked maps."""
+    parts = []
+    for name in _TRANSMIT:
+        value = maps[name]
+        t = value.to(device=device, dtype=torch.float64) if isinstance(value, torch.Tensor) else \
+            torch.tensor(float(value), dtype=torch.float64, device=device)
+        parts.append(t.reshape((1,) * (1 + len(voxel_shape))) if t.dim() == 0 else
+                     t.reshape(t.shape[:1] + (1,) * (1 + len(voxel_shape) - t.dim()) + t.shape[1:]))
+    field = torch.polar(*torch.broadcast_tensors(*parts))
+    if all(s == 1 for s in field.shape[1:]):  # one field per channel, shared by every voxel
+        return field.expand((channels,) + field.shape[1:]).reshape(channels, 1)
+    return field.expand((channels,) + tuple(voxel_shape)).reshape(channels, math.prod(voxel_shape))
+
+
+def _pack(fields: dict, dtype, device, active, names: dict, channels: int | None = None) -> PackedTissue:
     shapes, checks, flagged = {}, [], []
+    maps = None
+    if channels is not None:
+        maps = _channel_maps(fields, channels, names, active)
+        fields = {k: v for k, v in fields.items() if k not in _TRANSMIT}
+        for name in _TRANSMIT:  # their voxel axes join the voxel shape; the channel axis does not
+            if isinstance(maps[name], torch.Tensor):
+                shapes[names.get(name, name)] = maps[name].shape[1:]
     for field, value in fields.items():
         if isinstance(value, torch.Tensor):
             shapes[names.get(field, field)] = value.shape
@@ -328,4 +374,9 @@ def _pack(fields: dict, dtype, device, active, names: dict) -> PackedTissue:
         values.append(t.reshape(1) if t.numel() == 1 else t.expand(voxel_shape).reshape(-1).contiguous())
     pools = PoolModel(tuple(x for x in POOL_LETTERS if acts(f"pool_{x}_fraction")), acts("bound_fraction"))
     phase = any(acts(f) for f in _PHASE_FIELDS + _POOL_SHIFTS)
-    return PackedTissue(voxel_shape, num_voxels, tuple(values), phase, pools, dtype, device)
+    transmit = None
+    if maps is not None:
+        check_values(maps, {name: FIELD_RANGES[name] for name in _TRANSMIT}, names)
+        transmit = _transmit(maps, channels, tuple(voxel_shape), device)
+        phase = True
+    return PackedTissue(voxel_shape, num_voxels, tuple(values), phase, pools, dtype, device, transmit)

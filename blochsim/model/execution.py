@@ -18,8 +18,10 @@ from .._execution import active, applied, as_policy
 from .._multi_device import train_placement
 from ..engine.bind import run
 from ..engine.program import TrainAxisError, values_of
+from ..engine.pulses import transmit_channels
 from ..engine.steady import simulate_steady
 from ..engine.tissue import pack_tissue, tissue_device
+from ..sequence.spinor import slice_profile_of
 from .placement import _on_device
 from .vocabulary import DTYPES, PUBLIC_FIELDS
 
@@ -67,13 +69,14 @@ class EngineDispatch:
         policy = as_policy(self._setting(settings, "execution"))
         if policy is not None and policy.target not in ("auto", "cpu"):
             check_device(policy.target[0])
-        shims = settings.get("shims")
-        if shims and any(int(k) != 0 for k in shims):
-            raise NotImplementedError(f"shims={sorted(shims)}: static parallel-transmit shims (ids > 0) are not "
-                                      "built into the engine yet; simulate without shims")
-        if self._setting(settings, "across_slice") is not None:
-            raise NotImplementedError(f"across_slice={self._setting(settings, 'across_slice')!r}: slice-profile "
-                                      "integration is not built into the engine yet; leave across_slice=None")
+        slice_profile_of(self._setting(settings, "across_slice"))  # checked before the work
+
+    def _channels(self, settings: dict) -> int | None:
+        """The channels B1 and B1phase carry: those of the run's shims and dynamic pTx pulses."""
+        if self._stored is not None:
+            return transmit_channels(self._stored.shim_definitions, self._stored.rf_definitions)
+        pulse = settings.get("pulse")
+        return transmit_channels(settings.get("shims"), None if pulse is None else {0: pulse})
 
     def _placement(self, settings: dict, fields: dict) -> tuple:
         """(device the tissue is packed on, device the results return to).
@@ -119,13 +122,14 @@ class EngineDispatch:
         # The steady state is extrapolated in float64 on the host; the CUDA build runs float32 only, and there
         # it plays the train until the transient has died out (engine.steady).
         dtype = torch.float64 if double or (auto and host_kernels) else torch.float32
-        packed = pack_tissue(fields, dtype=dtype, active=jacobian, names=self._names, device=device)
+        packed = pack_tissue(fields, dtype=dtype, active=jacobian, names=self._names, device=device,
+                             channels=self._channels(settings))
         try:
             program, values, windings, wrapped = self._program(protocol, settings, states, repetitions, record,
                                                                packed.phase_physics, dtype, device)
         except TrainAxisError as trains:
             signal, jac = self._run_trains(trains.parts, protocol, states, repetitions, record, packed, fields,
-                                           jacobian, double)
+                                           jacobian, double, settings)
         else:
             if auto:
                 signal, jac = simulate_steady(program, values, windings, packed, fields, jacobian, keep_double=double)
@@ -138,14 +142,16 @@ class EngineDispatch:
         request.result = (signal, jac)
         return request.output()
 
-    def _run_trains(self, parts, protocol, states, repetitions, record, packed, fields, jacobian, double=False):
+    def _run_trains(self, parts, protocol, states, repetitions, record, packed, fields, jacobian, double=False,
+                    settings=None):
         """(signal, J) of a layout whose event values carry a train axis: one program per train of
         `parts` (`engine.program.split_trains`), stacked first. Not kept in the structure cache: the layout
         is walked and each train compiled on every call."""
         args = None if self._stored is not None else protocol
         runs = []
         for index, part in enumerate(parts):
-            program, windings = self._compiled(part, args, states, repetitions, record, packed.phase_physics)
+            program, windings = self._compiled(part, args, states, repetitions, record, packed.phase_physics,
+                                               self._setting(settings or {}, "across_slice"))
             with train_placement(index, len(parts)):  # distribute(devices): this train's device
                 if repetitions == "auto":
                     runs.append(simulate_steady(program, values_of(program), windings, packed, fields, jacobian,

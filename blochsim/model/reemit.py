@@ -32,7 +32,7 @@ def _accepted(handler) -> set | None:
 
 def _reemit(description: SequenceDescription, operators: EventOperators) -> SequenceDescription:
     parts = []
-    for event in description.events:
+    for index, event in enumerate(description.events):
         at_s = event.timestamp_us * 1e-6
         if event.type == EventType.RF:
             handler = getattr(operators, _SLOT_OF_USE.get(event.rf_use, "excitation"))
@@ -48,6 +48,9 @@ def _reemit(description: SequenceDescription, operators: EventOperators) -> Sequ
         kwargs = {k: v for k, v in offered.items() if accepted is None or k in accepted}
         if event.type == EventType.RF and event.rf_use == RfUse.INVERSION and accepted is not None:
             kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        if event.type == EventType.RF and event.rf_shim_id != 0 and "shim_id" not in kwargs:
+            raise ValueError(f"events[{index}] plays shim_id={event.rf_shim_id}, but the handler its use goes to "
+                             f"({handler!r}) takes no shim_id: playing it unshimmed would be another sequence")
         parts.append((at_s, handler(**kwargs)))
     events, end_s = compose(*parts)
     tr_us = description.tr_duration_us

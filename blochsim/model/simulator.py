@@ -441,7 +441,7 @@ class Simulator(StructureCache, EngineDispatch, Jacobians):
         if not isinstance(description, SequenceDescription):
             raise TypeError(f"description must be a SequenceDescription, got {type(description).__name__}")
         model = model or cls.model
-        check_shims(description)  # here, by its own event index: a handler may not take shim_id
+        check_shims(description)  # a shim the description does not define, named by its own event index
         stored = _reemit(description, model.operators)
         self = cls.__new__(cls)
         self._setup(model, resolve=True, crusher=description.crusher_dephasing_rad, voxel=description.voxel_size_m,

@@ -16,6 +16,7 @@ import torch
 from .. import _native as nat
 from ..engine.affine import AffineValues
 from ..engine.program import compile_program, values_of, windings
+from ..sequence.spinor import slice_profile_of
 from .arguments import _hashable
 from .placement import _protocol_vector, _unchanged, _versions, on_host
 from .vocabulary import _CACHE_SIZE
@@ -57,8 +58,10 @@ def _structure(program) -> tuple:
     The RF frequencies and saturation constants (read by the semisolid lineshape, not part of the affine
     values) are structure: a protocol that moves them is walked every call, never served stale ones.
     """
+    rows = b"".join(b"-" if r is None else r.tobytes()
+                    for r in (program.field_row, program.profile_row, program.spinor_row))
     return (bytes((program.action & ~nat.INTERVAL).astype("int32")), bytes(program.record),
-            program.rf_hz.tobytes() + program.sat_per_rad2.tobytes(), program.path, program.num_samples,
+            program.rf_hz.tobytes() + program.sat_per_rad2.tobytes() + rows, program.path, program.num_samples,
             program.num_states, program.num_repetitions, program.crusher_dk_rad_per_m, program.voxel_size_m)
 
 
@@ -73,8 +76,10 @@ class StructureCache:
         protocol vector (`_protocol_vector`: the CPU, or `device`, where the work runs, when a protocol
         tensor is elsewhere); walked values are the program's own float64 arrays, on the CPU.
         """
+        profile = slice_profile_of(self._setting(settings, "across_slice"))
+        profile_key = None if profile is None else profile.key()
         if self._stored is not None:
-            key = ("stored", states, repetitions, record, complex_states)
+            key = ("stored", states, repetitions, record, complex_states, profile_key)
             entry = self._cache.get(key)
             if entry is None or not entry.program.current:  # a tensor of the description changed in place
                 program, windings = self._walk(None, settings, states, repetitions, record, complex_states)
@@ -91,7 +96,7 @@ class StructureCache:
             return program, values_of(program), windings, False
         p = _protocol_vector(leaves, device)
         key = (tuple(key), states, repetitions, record, complex_states, id(settings.get("pulse")),
-               id(settings.get("shims")), p.device)
+               id(settings.get("shims")), p.device, profile_key)
         entry = self._cache.get(key)
         if entry is None:
             program, windings = self._walk(args, settings, states, repetitions, record, complex_states)
@@ -182,15 +187,17 @@ class StructureCache:
     def _walk(self, args, settings, states, repetitions, record, complex_states):
         """Lay out (or take the stored description) and compile: (program, windings per repetition)."""
         description = self._stored if args is None else self._compose(on_host(args), settings)
-        return self._compiled(description, args, states, repetitions, record, complex_states)
+        return self._compiled(description, args, states, repetitions, record, complex_states,
+                              self._setting(settings, "across_slice"))
 
-    def _compiled(self, description, args, states, repetitions, record, complex_states):
+    def _compiled(self, description, args, states, repetitions, record, complex_states, across_slice=None):
         """`description` compiled for a call: (program, windings per repetition, for 'auto' only)."""
         if repetitions == "auto":  # one playing; the orders for many
-            program = compile_program(description, record=record, states=states or 1, complex_states=complex_states)
+            program = compile_program(description, record=record, states=states or 1, complex_states=complex_states,
+                                      slice_profile=across_slice)
             if states is None:
                 program.num_states = max(8, min(64, 1 + (1 << 20) * windings(program)))
             return self._rotated(program, args), windings(program)
         program = compile_program(description, repetitions=repetitions, record=record, states=states,
-                                  complex_states=complex_states)
+                                  complex_states=complex_states, slice_profile=across_slice)
         return self._rotated(program, args), None

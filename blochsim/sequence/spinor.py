@@ -1,8 +1,8 @@
 """Pulses as rotations: spinor composition, slice positions, and the Cayley-Klein pair of an RF definition.
 
 **Convention.** A rotation is the SU(2) matrix `U = [[a, b], [-conj(b), conj(a)]]` of the right-handed
-rotation of the magnetization (the rotation convention: a 0-phase pulse turns +z to `-i sin(alpha)`), and `(a, b)` is its
-first row. A rotation by angle `|n|` about `n = (nx, ny, nz)` is `a = cos(|n|/2) - i nz sin(|n|/2)/|n|`,
+rotation of the magnetization (the rotation convention: a 0-phase pulse turns +z to `-i sin(alpha)`), and
+`(a, b)` is its first row. A rotation by angle `|n|` about `n = (nx, ny, nz)` is `a = cos(|n|/2) - i nz sin(|n|/2)/|n|`,
 `b = -i (nx - i ny) sin(|n|/2)/|n|`: an on-resonance real drive of area t gives `(cos t/2, -i sin t/2)`, and a
 spin at +z ends at `Mxy = -2 conj(a b)`, `Mz = |a|^2 - |b|^2`. Composition in play order is the matrix product
 `U_last ... U_first`. On the EPG states (F+, F-, Z) the rotation is
@@ -17,11 +17,11 @@ pulse (its drive times `e^{i phi}`) takes `b` to `b e^{-i phi}` and leaves `a`.
 
 **Slice positions** are in slice thicknesses (the passband is `[-1/2, 1/2]`). A definition of bandwidth `BW`
 (Hz) plays at position x against an off-resonance of `x BW g(t)` Hz, `g` its relative slice-select gradient
-(1 where it has none), so a sample of span `dt` turns the spin about z by `-2 pi x BW g dt` (the off-resonance convention: B0 > 0
-turns transverse magnetization by `-2 pi B0 t`). The rotation of a pulse is referenced to its middle: the
-slice gradient's own precession before and after the middle is taken off (`U_ref = Rz(-psi_after) U
-Rz(-psi_before)`), as a refocusing lobe and a symmetric design do, so that the EPG, which plays the pulse
-at one instant, sees the rotation the spins keep.
+(1 where it has none), so a sample of span `dt` turns the spin about z by `-2 pi x BW g dt` (the
+off-resonance convention: B0 > 0 turns transverse magnetization by `-2 pi B0 t`). The rotation of a pulse is
+referenced to its middle: the slice gradient's own precession before and after the middle is taken off
+(`U_ref = Rz(-psi_after) U Rz(-psi_before)`), as a refocusing lobe and a symmetric design do, so that the
+EPG, which plays the pulse at one instant, sees the rotation the spins keep.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 __all__ = ["compose_spinor", "ExactSliceProfile", "exact_slice_profile", "slice_profile_of", "unit_drives",
-           "definition_spinor", "spinor_rotation"]
+           "definition_spinor", "profile_knots", "spinor_rotation"]
 
 REAL = torch.float64
 COMPLEX = torch.complex128
@@ -58,6 +58,47 @@ def _sample_spinors(drive: torch.Tensor, turn: torch.Tensor) -> tuple[torch.Tens
     a = torch.complex(cos_half, -turn * sin_over)
     b = -1j * drive.conj() * sin_over
     return a, b
+
+
+def _sample_spinors_with_slope(unit: torch.Tensor, theta: torch.Tensor, turn: torch.Tensor) -> tuple:
+    """(a, b, da/dtheta, db/dtheta) of each sample's rotation about (Re d, Im d, turn), d = theta * unit.
+
+    With q = |d|^2 + turn^2, C(q) = cos(sqrt(q)/2) and S(q) = sin(sqrt(q)/2)/sqrt(q): a = C - i turn S,
+    b = -i conj(d) S, dq/dtheta = 2 theta |unit|^2, C' = -S/4, S' = (C/2 - S)/(2q) (series below
+    `_SERIES_BELOW`: -1/48 + q/1920)."""
+    drive = theta * unit
+    unit2 = unit.real**2 + unit.imag**2
+    q = theta**2 * unit2 + turn**2
+    small = q < _SERIES_BELOW
+    safe = torch.where(small, torch.ones_like(q), q)
+    r = torch.sqrt(safe)
+    cos_half = torch.where(small, 1 - q / 8 + q**2 / 384, torch.cos(r / 2))
+    sin_over = torch.where(small, 0.5 - q / 48 + q**2 / 3840, torch.sin(r / 2) / r)
+    d_sin_over = torch.where(small, -1 / 48 + q / 1920, (cos_half / 2 - sin_over) / (2 * safe))
+    dq = 2 * theta * unit2
+    a = torch.complex(cos_half, -turn * sin_over)
+    b = -1j * drive.conj() * sin_over
+    da = torch.complex(-sin_over / 4 * dq, -turn * d_sin_over * dq)
+    db = -1j * unit.conj() * (sin_over + theta * d_sin_over * dq)
+    return a, b, da, db
+
+
+def _compose_with_slope(unit: torch.Tensor, theta: torch.Tensor, turns: torch.Tensor) -> tuple:
+    """(a, b, da/dtheta, db/dtheta) of the composition of samples driven by theta * unit (samples on dim 0),
+    by the product rule through the pairwise products."""
+    unit, theta, turns = torch.broadcast_tensors(unit, theta, turns)
+    a, b, da, db = _sample_spinors_with_slope(unit, theta, turns)
+    while a.shape[0] > 1:
+        n = a.shape[0] // 2 * 2
+        a2, b2, da2, db2 = a[1:n:2], b[1:n:2], da[1:n:2], db[1:n:2]  # later
+        a1, b1, da1, db1 = a[0:n:2], b[0:n:2], da[0:n:2], db[0:n:2]  # earlier
+        pa, pb = _product((a2, b2), (a1, b1))
+        pda = da2 * a1 + a2 * da1 - db2 * b1.conj() - b2 * db1.conj()
+        pdb = da2 * b1 + a2 * db1 + db2 * a1.conj() + b2 * da1.conj()
+        if n < a.shape[0]:
+            pa, pb, pda, pdb = (torch.cat([x, y[n:]]) for x, y in ((pa, a), (pb, b), (pda, da), (pdb, db)))
+        a, b, da, db = pa, pb, pda, pdb
+    return a[0], b[0], da[0], db[0]
 
 
 def _product(later: tuple, earlier: tuple) -> tuple:
@@ -257,6 +298,33 @@ def unit_drives(definition, *, rf_raster_time_s: float = 1e-6) -> UnitDrives:
     return memo[key]
 
 
+def _reference_to_middle(units: UnitDrives, x: torch.Tensor, *pairs: torch.Tensor) -> tuple:
+    """U_ref = Rz(-psi_after) U Rz(-psi_before), psi the slice gradient's z turn: a and b of each (a, b) of
+    `pairs` (a flat list a, b, a, b, ...) turned accordingly (a derivative along the flip turns alike)."""
+    turns = torch.from_numpy(units.turns_per_position).to(x.device)
+    before = torch.from_numpy(units.before_middle).to(x.device)
+    psi_before = (turns * before).sum() * x
+    psi_after = (turns * (1 - before)).sum() * x
+    turn_a, turn_b = torch.exp(0.5j * (psi_after + psi_before)), torch.exp(0.5j * (psi_after - psi_before))
+    return tuple(p * (turn_a if i % 2 == 0 else turn_b) for i, p in enumerate(pairs))
+
+
+def profile_knots(definition, theta: torch.Tensor, positions: torch.Tensor, *,
+                  rf_raster_time_s: float = 1e-6) -> tuple:
+    """(a, b, da/dtheta, db/dtheta), complex128 `(positions, knots)`, of a single-channel `definition` at the
+    effective flips `theta` (knots,) and `positions` (positions,): `definition_spinor` and its derivative along
+    the flip, for the kernels' profile tables (the engine's `engine.pulses`)."""
+    units = unit_drives(definition, rf_raster_time_s=rf_raster_time_s)
+    if units.drives.shape[0] != 1:
+        raise ValueError(f"RF definition {definition.id} drives {units.drives.shape[0]} channels: a profile table "
+                         "holds single-channel pulses")
+    x = positions.to(REAL).reshape(-1, 1)
+    unit = torch.from_numpy(units.drives[0]).reshape(-1, 1, 1)
+    turn = torch.from_numpy(units.turns_per_position).reshape(-1, 1, 1) * x
+    a, b, da, db = _compose_with_slope(unit, theta.to(REAL).reshape(1, 1, -1), turn)
+    return _reference_to_middle(units, x, a, b, da, db)
+
+
 def definition_spinor(definition, flip_rad: Any, positions: Any, *, channel_field: Any = None,
                       rf_raster_time_s: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """The Cayley-Klein pair `(a, b)` (complex128, phase 0, referenced to the pulse middle) of `definition`
@@ -268,14 +336,16 @@ def definition_spinor(definition, flip_rad: Any, positions: Any, *, channel_fiel
     `channel_field`: for a multi-channel (dynamic pTx) definition, the complex field of each channel,
     `(channels, *shape)` broadcasting with the result: sample k drives `sum_c field_c * drives[c, k]`. A
     single-channel definition takes none (B1 scales the flip). Differentiable through `flip_rad` and
-    `channel_field`.
+    `channel_field`. Computed on the device of `channel_field`, else of `flip_rad`.
     """
     units = unit_drives(definition, rf_raster_time_s=rf_raster_time_s)
+    device = channel_field.device if isinstance(channel_field, torch.Tensor) else \
+        flip_rad.device if isinstance(flip_rad, torch.Tensor) else None
     flip = flip_rad if isinstance(flip_rad, torch.Tensor) else torch.tensor(float(flip_rad), dtype=REAL)
-    flip = flip.to(REAL)
-    x = torch.as_tensor(positions, dtype=REAL)
+    flip = flip.to(device=device, dtype=REAL)
+    x = torch.as_tensor(positions, dtype=REAL).to(device)
     channels = units.drives.shape[0]
-    drives = torch.from_numpy(units.drives)  # (C, n)
+    drives = torch.from_numpy(units.drives).to(device)  # (C, n)
     if channel_field is None:
         if channels > 1:
             raise ValueError(f"RF definition {definition.id} drives {channels} channels: give each channel's field "
@@ -291,12 +361,6 @@ def definition_spinor(definition, flip_rad: Any, positions: Any, *, channel_fiel
     dims = max(per_sample.dim() - 1, flip.dim(), x.dim())
     per_sample = per_sample.reshape(per_sample.shape[:1] + (1,) * (dims + 1 - per_sample.dim()) + per_sample.shape[1:])
     drive = flip * per_sample
-    turns = torch.from_numpy(units.turns_per_position)
+    turns = torch.from_numpy(units.turns_per_position).to(device)
     a, b = _compose(drive, turns.reshape((-1,) + (1,) * dims) * x)
-    # Reference to the middle: U_ref = Rz(-psi_after) U Rz(-psi_before), psi the slice gradient's z turn.
-    before = torch.from_numpy(units.before_middle)
-    psi_before = (turns * before).sum() * x
-    psi_after = (turns * (1 - before)).sum() * x
-    a = a * torch.exp(0.5j * (psi_after + psi_before))
-    b = b * torch.exp(0.5j * (psi_after - psi_before))
-    return a, b
+    return _reference_to_middle(units, x, a, b)

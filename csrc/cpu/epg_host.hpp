@@ -49,23 +49,17 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
   const int64_t V = ts.num_voxels, E = pb.E, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
   const int64_t nev = 3 * E + 1;  // dt[E], flip[E], phase[E], dt_wrap
   std::vector<N> block_grads(static_cast<size_t>(nblocks * nev), N(0));
-  int64_t sizes[5];
+  int64_t sizes[kTableCount];
   table_sizes(pb, sizes);
-  const int64_t table_total = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+  int64_t table_total = 0;
+  for (int i = 0; i < kTableCount; ++i) table_total += sizes[i];
   GradOut<R> out{};
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {
     out.tissue[j] = static_cast<R*>(grads.tissue[j]);
     out.tissue_tan[j] = grads_tangent ? static_cast<R*>(grads_tangent->tissue[j]) : nullptr;
   }
-  if (table_grads) {
-    void* const t[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
-    for (int i = 0; i < 5; ++i) out.table[i] = static_cast<R*>(t[i]);
-  }
-  if (table_grads_tangent) {
-    const bs_table_grads* g = table_grads_tangent;
-    void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
-    for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
-  }
+  table_grad_outputs(table_grads, out.table);
+  table_grad_outputs(table_grads_tangent, out.table_tan);
   const size_t work_bytes = sizeof(S) * state_size(pb) * 3;
   const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb);
   CallScratch scratch(work_bytes + store_bytes + sizeof(N) * (table_total + 1));

@@ -128,7 +128,7 @@ template <class R>
 __device__ __forceinline__ bool uniform_pulse(const Problem<R>& pb) {
   const Input<R>& b1 = pb.tissue[BS_B1];
   const Input<R>& phase = pb.tissue[BS_B1_PHASE_RAD];
-  return (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0);
+  return (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0) && !per_voxel_pulses(pb);
 }
 
 // Whether event `next` can join the events folded into `head` (one step_forward then does both): it has
@@ -701,7 +701,8 @@ __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, i
   const Voxel<N> t = load_voxel<N>(pb, v);
   S work[3 * layout_planes(LAYOUT) * KPL];
   VoxelGrad<N> g;
-  const TableGrad<N> tg = TAB ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
+  const bool tables = TAB || table_cotangents(pb);  // pool tables, or per-voxel pulses (pulses.hpp)
+  const TableGrad<N> tg = tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
   vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, tg,
                   WarpShift{lane, K}, WarpShiftAdjoint{lane, K}, int64_t(lane) * KPL);
   N per_param[BS_NUM_TISSUE];
@@ -715,7 +716,7 @@ __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, i
       if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
     }
   }
-  if constexpr (TAB) write_table_grads(pb, v, tg, out, WarpTotal{}, lane == 0);
+  if (tables) write_table_grads(pb, v, tg, out, WarpTotal{}, lane == 0);
 }
 
 }  // namespace bs

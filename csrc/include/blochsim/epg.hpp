@@ -79,6 +79,15 @@ struct Problem {
   const int32_t* interval = nullptr;  // [E] table row of each event's interval
   int64_t wrap_interval = 0;          // table row of event 0's interval on later repetitions
   Input<R> table_L, table_r, table_T, table_zeq, table_sat;  // element (v, i) at data[v * stride + i]
+  // Pulses played per voxel (pulses.hpp): per event a row of the transmit fields, of the profiles or of the
+  // spinors (-1: none); null: no event has one. Voxel v plays at slice position (v + voxel_offset) % P.
+  const int32_t* field_row = nullptr;
+  const int32_t* profile_row = nullptr;
+  const int32_t* spinor_row = nullptr;
+  int64_t num_field_rows = 0, num_spinor_rows = 0, num_profile_rows = 0;
+  int64_t num_positions = 1, voxel_offset = 0, profile_bins = 0;
+  double profile_theta_max = 0;
+  Input<R> table_field, table_spinor, table_profile;
   // The CUDA library's value forwards: the train's events decoded and folded once per launch, in device
   // memory (epg_device.cuh decode_events_kernel); null: each block decodes its own.
   const void* events = nullptr;

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "blochsim/epg.hpp"
-#include "blochsim/relax_tables.hpp"
+#include "blochsim/pulses.hpp"
 
 namespace bs {
 
@@ -162,9 +162,15 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   if (ev.action & BS_INVERSION) {
     for (int p = 0; p < x.nt; ++p) invert(x.water(p), K, t.inv);
   } else if (ev.action & BS_ROTATE) {
-    const N alpha = ev.flip * t.b1;
-    const Rotation<N> rot = ev.rotation ? *ev.rotation : make_rotation(alpha, ev.phase + t.b1phase, complex_path);
-    for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, rot);
+    const Transmit<N> tx = transmit_of(pb, v, t, ev.e);
+    const N alpha = ev.flip * tx.b1;
+    if (complex_path && spinor_pulse(pb, ev.e)) {
+      rotate_by_spinor(pb, v, ev.e, alpha, ev.phase + tx.b1phase, x, K);
+    } else {
+      const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation
+                                                          : make_rotation(alpha, ev.phase + tx.b1phase, complex_path);
+      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, rot);
+    }
     if (x.nl > x.nt) saturate(x, alpha, fetch_table<N>(pb.table_sat, v, ev.e));
   }
   if (io && io->signal && ev.record >= 0 && ev.last_rep && x.k0 == 0) {
@@ -428,15 +434,25 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   if (ev.action & BS_INVERSION) {
     for (int p = 0; p < l.nt; ++p) invert_adjoint(l.water(p), tmp.water(p), K, t.inv, g.inv);
   } else if (ev.action & BS_ROTATE) {
-    const N alpha = ev.flip * t.b1;
+    const Transmit<N> tx = transmit_of(pb, v, t, ev.e);
+    const N alpha = ev.flip * tx.b1, phi = ev.phase + tx.b1phase;
     N g_alpha = N(0), g_phi = N(0);
     if (l.nl > l.nt) saturate_adjoint(l, tmp, alpha, fetch_table<N>(pb.table_sat, v, ev.e), g_alpha, tg.sat[ev.e]);
-    const Rotation<N> rot = make_rotation(alpha, ev.phase + t.b1phase, complex_path);
-    for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
-    eg.add(kGradFlip, ev.e, g_alpha * t.b1);
-    g.b1 += g_alpha * ev.flip;
+    if (complex_path && spinor_pulse(pb, ev.e)) {
+      rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
+    } else {
+      const Rotation<N> rot = make_rotation(alpha, phi, complex_path);
+      for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
+    }
+    eg.add(kGradFlip, ev.e, g_alpha * tx.b1);
     eg.add(kGradPhase, ev.e, g_phi);
-    g.b1phase += g_phi;
+    if (tx.field < 0) {
+      g.b1 += g_alpha * ev.flip;
+      g.b1phase += g_phi;
+    } else {  // the field row's magnitude and phase (a warp lane's share, summed at the end)
+      tg.field[2 * tx.field] += g_alpha * ev.flip;
+      tg.field[2 * tx.field + 1] += g_phi;
+    }
   }
   if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
@@ -527,15 +543,24 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     for (int q = 0; q < l.nl; ++q) tg.zeq[q] += re(l.z(q)[0]);
 }
 
-// Table cotangent sizes of a voxel, in N: L, r, T (complex: 2 per entry), zeq, sat.
+// Table cotangent sizes of a voxel, in N: L, r, T (complex: 2 per entry), zeq, sat, field, spinor, profile (a
+// constant: none).
 template <class R>
-BS_HD void table_sizes(const Problem<R>& pb, int64_t sizes[5]) {
+BS_HD void table_sizes(const Problem<R>& pb, int64_t sizes[kTableCount]) {
   const int64_t D = pb.tabulated ? pb.num_intervals : 0, nl = pb.nl, nt = pb.nt;
   sizes[0] = D * nl * nl;
   sizes[1] = D * nl;
   sizes[2] = 2 * D * nt * nt;
   sizes[3] = pb.tabulated ? nl : 0;
   sizes[4] = pb.tabulated ? pb.E : 0;
+  sizes[5] = pb.field_row ? 2 * pb.num_field_rows : 0;
+  sizes[6] = pb.spinor_row ? 4 * pb.num_spinor_rows : 0;
+  sizes[7] = 0;
+}
+// Whether a voxel has table cotangents to write: pool tables, or per-voxel pulses.
+template <class R>
+BS_HD bool table_cotangents(const Problem<R>& pb) {
+  return pb.tabulated || pb.field_row || pb.spinor_row;
 }
 
 // Where a voxel's gradients go: tissue [V] per property, tables [V, size] per table (values and tangents).
@@ -543,29 +568,29 @@ template <class R>
 struct GradOut {
   R* tissue[BS_NUM_TISSUE];
   R* tissue_tan[BS_NUM_TISSUE];
-  R* table[5];
-  R* table_tan[5];
+  R* table[kTableCount];
+  R* table_tan[kTableCount];
 };
 
 // A voxel's (or a warp lane's) table cotangents in `scratch`, zeroed: the five tables one after another
 // (table_sizes), `st` apart (the device interleaves its threads: lane = the thread, st = threads launched).
 template <class N, class R>
 BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N* scratch, int64_t lane, int64_t st) {
-  int64_t sizes[5];
+  int64_t sizes[kTableCount];
   table_sizes(pb, sizes);
-  N* region[5];
+  N* region[kTableCount];
   int64_t off = 0;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kTableCount; ++i) {
     region[i] = scratch + st * off;
     off += sizes[i];
   }
   TableGrad<N> tg{Ref<N>{region[0] + lane, st}, Ref<N>{region[1] + lane, st},
                   Ref<Cx<N>>{reinterpret_cast<Cx<N>*>(region[2]) + lane, st}, Ref<N>{region[3] + lane, st},
-                  Ref<N>{region[4] + lane, st}};
-  for (int i = 0; i < 5; ++i) tg.wanted = tg.wanted || out.table[i] || out.table_tan[i];
-  const Ref<N> plain[4] = {tg.L, tg.r, tg.zeq, tg.sat};
-  const int64_t count[4] = {sizes[0], sizes[1], sizes[3], sizes[4]};
-  for (int i = 0; i < 4; ++i)
+                  Ref<N>{region[4] + lane, st}, Ref<N>{region[5] + lane, st}, Ref<N>{region[6] + lane, st}};
+  for (int i = 0; i < 5; ++i) tg.wanted = tg.wanted || out.table[i] || out.table_tan[i];  // the pool tables'
+  const Ref<N> plain[6] = {tg.L, tg.r, tg.zeq, tg.sat, tg.field, tg.spinor};
+  const int64_t count[6] = {sizes[0], sizes[1], sizes[3], sizes[4], sizes[5], sizes[6]};
+  for (int i = 0; i < 6; ++i)
     for (int64_t j = 0; j < count[i]; ++j) plain[i][j] = N(0);
   for (int64_t j = 0; j < sizes[2] / 2; ++j) tg.T[j] = Cx<N>();
   return tg;
@@ -576,7 +601,7 @@ BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N*
 template <class N, class R, class Total>
 BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>& tg, const GradOut<R>& out,
                              const Total& total, bool writer) {
-  int64_t sizes[5];
+  int64_t sizes[kTableCount];
   table_sizes(pb, sizes);
   auto put = [&](int i, int64_t j, const N& x) {
     if (!writer) return;
@@ -585,8 +610,8 @@ BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>
       if (out.table_tan[i]) out.table_tan[i][v * sizes[i] + j] = x.d[0];
     }
   };
-  const Ref<N> plain[5] = {tg.L, tg.r, Ref<N>{}, tg.zeq, tg.sat};
-  for (int i = 0; i < 5; ++i) {
+  const Ref<N> plain[kTableCount] = {tg.L, tg.r, Ref<N>{}, tg.zeq, tg.sat, tg.field, tg.spinor, Ref<N>{}};
+  for (int i = 0; i < kTableCount; ++i) {
     if (!out.table[i] && !out.table_tan[i]) continue;
     if (i == 2) {
       for (int64_t j = 0; j < sizes[2] / 2; ++j) {
@@ -631,7 +656,7 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
       if (out.tissue_tan[j]) out.tissue_tan[j][v] = per_param[j].d[0];
     }
   }
-  if (pb.tabulated) write_table_grads(pb, v, tg, out, Itself{}, true);
+  if (table_cotangents(pb)) write_table_grads(pb, v, tg, out, Itself{}, true);
 }
 
 }  // namespace bs

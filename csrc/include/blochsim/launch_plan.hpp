@@ -172,15 +172,8 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     out.tissue[j] = static_cast<R*>(grads.tissue[j]);
     out.tissue_tan[j] = grads_tangent ? static_cast<R*>(grads_tangent->tissue[j]) : nullptr;
   }
-  if (table_grads) {
-    void* const t[5] = {table_grads->L, table_grads->r, table_grads->T, table_grads->zeq, table_grads->sat};
-    for (int i = 0; i < 5; ++i) out.table[i] = static_cast<R*>(t[i]);
-  }
-  if (table_grads_tangent) {
-    const bs_table_grads* g = table_grads_tangent;
-    void* const t[5] = {g->L, g->r, g->T, g->zeq, g->sat};
-    for (int i = 0; i < 5; ++i) out.table_tan[i] = static_cast<R*>(t[i]);
-  }
+  table_grad_outputs(table_grads, out.table);
+  table_grad_outputs(table_grads_tangent, out.table_tan);
   S* state_scratch = static_cast<S*>(scratch);
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
   if constexpr (warp_kernels) {

@@ -161,9 +161,11 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
 
 template <class R>
 inline int64_t table_total(const Problem<R>& pb) {
-  int64_t sizes[5];
+  int64_t sizes[kTableCount];
   table_sizes(pb, sizes);
-  return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+  int64_t total = 0;
+  for (int i = 0; i < kTableCount; ++i) total += sizes[i];
+  return total;
 }
 
 template <class N, class S, class R>

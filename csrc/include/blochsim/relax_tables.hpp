@@ -182,6 +182,8 @@ BS_HD void relax_from_products(const Problem<R>& pb, int64_t v, const Interval<N
 
 // Per-voxel cotangents of the tables (accumulated over events), in the layout of the tables; element j of
 // each at [j * st] (event_loop.hpp: table_grad_at): a warp's lanes keep their own, interleaved.
+// The tables in the order of bs_tables: the pool tables, then the per-voxel pulses' (pulses.hpp).
+constexpr int kTableCount = 8;
 template <class N>
 struct TableGrad {
   Ref<N> L;       // [D, nl, nl]
@@ -189,6 +191,8 @@ struct TableGrad {
   Ref<Cx<N>> T;   // [D, nt, nt]
   Ref<N> zeq;     // [nl]
   Ref<N> sat;     // [E]
+  Ref<N> field;   // [F, 2] (pulses.hpp)
+  Ref<N> spinor;  // [Rs, 4]
   bool wanted = false;  // some table's cotangent is asked for; else the L and T outer products are skipped
 };
 

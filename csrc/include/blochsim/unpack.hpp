@@ -11,6 +11,36 @@
 
 namespace bs {
 
+// The per-voxel pulses of a program (pulses.hpp), checked: each row array with its table, rows in range
+// (host arrays), the complex path.
+template <class R>
+void unpack_pulses(const bs_program& pg, const bs_tables& tb, bool host_arrays, Problem<R>& pb) {
+  pb.field_row = pg.field_row;
+  pb.profile_row = pg.profile_row;
+  pb.spinor_row = pg.spinor_row;
+  if (!per_voxel_pulses(pb)) return;
+  if (pg.path != BS_PATH_COMPLEX) throw std::invalid_argument("per-voxel pulses need the complex path");
+  pb.num_field_rows = pg.num_field_rows;
+  pb.num_spinor_rows = pg.num_spinor_rows;
+  pb.num_profile_rows = pg.num_profile_rows;
+  pb.num_positions = pg.num_positions;
+  pb.voxel_offset = pg.voxel_offset;
+  pb.profile_bins = pg.profile_bins;
+  pb.profile_theta_max = pg.profile_theta_max;
+  if (pb.num_positions < 1 || pb.voxel_offset < 0) throw std::invalid_argument("num_positions must be >= 1");
+  if ((pb.field_row && !tb.field) || (pb.spinor_row && !tb.spinor) || (pb.profile_row && !tb.profile))
+    throw std::invalid_argument("a row array (field, spinor, profile) needs its table");
+  if (pb.profile_row && (pb.profile_bins < 2 || !(pb.profile_theta_max > 0)))
+    throw std::invalid_argument("profiles need profile_bins >= 2 and profile_theta_max > 0");
+  if (!host_arrays) return;
+  const int32_t* rows[3] = {pb.field_row, pb.profile_row, pb.spinor_row};
+  const int64_t counts[3] = {pb.num_field_rows, pb.num_profile_rows, pb.num_spinor_rows};
+  for (int i = 0; i < 3; ++i)
+    if (rows[i])
+      for (int64_t e = 0; e < pb.E; ++e)
+        if (rows[i][e] >= counts[i]) throw std::invalid_argument("pulse table row out of range");
+}
+
 template <class R>
 // `host_arrays`: the program's int arrays are host memory and are checked here; the CUDA build passes
 // device arrays (false), which the engine's compiler has already checked.
@@ -87,23 +117,37 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
       for (int64_t e = 0; e < pb.E; ++e)
         if ((pb.action[e] & BS_INTERVAL) && (pb.interval[e] < 0 || pb.interval[e] >= pb.num_intervals))
           throw std::invalid_argument("interval row out of range");
-    Input<R>* tables[5] = {&pb.table_L, &pb.table_r, &pb.table_T, &pb.table_zeq, &pb.table_sat};
-    const void* data[5] = {tb.L, tb.r, tb.T, tb.zeq, tb.sat};
-    const void* tans[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  }
+  Input<R>* tables[kTableCount] = {&pb.table_L,   &pb.table_r,     &pb.table_T,      &pb.table_zeq,
+                                   &pb.table_sat, &pb.table_field, &pb.table_spinor, &pb.table_profile};
+  const void* data[kTableCount] = {tb.L, tb.r, tb.T, tb.zeq, tb.sat, tb.field, tb.spinor, tb.profile};
+  const void* tans[kTableCount] = {};
+  if (tb_tan) {
+    const void* given[kTableCount] = {tb_tan->L,   tb_tan->r,     tb_tan->T,      tb_tan->zeq,
+                                      tb_tan->sat, tb_tan->field, tb_tan->spinor, tb_tan->profile};
+    for (int i = 0; i < kTableCount; ++i) tans[i] = given[i];
+  }
+  for (int i = 0; i < kTableCount; ++i) {
+    if (i < 5 && !pb.tabulated) continue;
+    tables[i]->data = static_cast<const R*>(data[i]);
+    tables[i]->stride = tb.stride_v[i];
+    tables[i]->tan = static_cast<const R*>(tans[i]);
     if (tb_tan) {
-      tans[0] = tb_tan->L, tans[1] = tb_tan->r, tans[2] = tb_tan->T, tans[3] = tb_tan->zeq, tans[4] = tb_tan->sat;
-    }
-    for (int i = 0; i < 5; ++i) {
-      tables[i]->data = static_cast<const R*>(data[i]);
-      tables[i]->stride = tb.stride_v[i];
-      tables[i]->tan = static_cast<const R*>(tans[i]);
-      if (tb_tan) {
-        tables[i]->tan_stride_p = tb_tan->stride_p[i];
-        tables[i]->tan_stride = tb_tan->stride_v[i];
-      }
+      tables[i]->tan_stride_p = tb_tan->stride_p[i];
+      tables[i]->tan_stride = tb_tan->stride_v[i];
     }
   }
+  unpack_pulses(pg, tb, host_arrays, pb);
   return pb;
+}
+
+// Where a pass writes its table cotangents (null where not asked), in the order of kTableCount.
+template <class R>
+void table_grad_outputs(const bs_table_grads* g, R* out[kTableCount]) {
+  void* const given[kTableCount] = {g ? g->L : nullptr,     g ? g->r : nullptr,   g ? g->T : nullptr,
+                                    g ? g->zeq : nullptr,   g ? g->sat : nullptr, g ? g->field : nullptr,
+                                    g ? g->spinor : nullptr, nullptr};
+  for (int i = 0; i < kTableCount; ++i) out[i] = static_cast<R*>(given[i]);
 }
 
 }  // namespace bs
