@@ -3,7 +3,9 @@
 A call spreads when its execution policy names two devices or more (`execution([...])`, `offload([...])`,
 `distribute([...])`), or, under `execution("auto")` with two visible CUDA devices or more, when its tissue is
 on a CUDA device, it has at least `AUTO_SPREAD_VOXELS` voxels and no autograd history (a call that carries
-history stays on its tensors' device unless the policy names devices). Then (`_sharding`):
+history stays on its tensors' device unless the policy names devices), and this process has the node's
+cards to itself (not when torchrun starts several processes on the node, one card each: `_shares_node`).
+Then (`_sharding`):
 
 * each device takes one contiguous range of the voxels, the device the tissue is on first;
 * the range's tissue is staged on its device (host tensors through pinned memory, copied asynchronously),
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 import threading
 
 import torch
@@ -53,6 +56,18 @@ MIN_VOXELS_PER_DEVICE = 1024
 
 def _visible_cuda() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _shares_node() -> bool:
+    """Whether other processes of this job run on this node (torchrun's LOCAL_WORLD_SIZE > 1; without it,
+    torch.distributed initialised with several ranks): each then keeps to its own card, so "auto" must not
+    spread over the others'."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is not None:
+        return local.strip().isdigit() and int(local) > 1
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _policy_of(simulator, settings: dict):
@@ -100,7 +115,7 @@ def devices_for(policy, home: torch.device, total: int, values=()) -> tuple | No
         return None
     if target == "auto":
         count = _visible_cuda()
-        if count < 2 or home.type != "cuda" or total < AUTO_SPREAD_VOXELS:
+        if count < 2 or home.type != "cuda" or total < AUTO_SPREAD_VOXELS or _shares_node():
             return None
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values):
             return None

@@ -171,6 +171,18 @@ def test_auto_spreads_large_work_on_a_card_without_history(three_cards):
     assert _multi_device.devices_for(ExecutionPolicy(target="cpu"), CUDA[0], big) is None
 
 
+def test_auto_keeps_to_its_card_when_torchrun_shares_the_node(three_cards, monkeypatch):
+    """Several processes on a node (one card each, as torchrun --nproc-per-node starts them): "auto" would
+    otherwise spread each process's large calls over the other processes' cards too."""
+    auto, big = ExecutionPolicy(), _multi_device.AUTO_SPREAD_VOXELS
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert _multi_device.devices_for(auto, CUDA[1], big) is None
+    listed = ExecutionPolicy(target=(CUDA[0], CUDA[2]))  # named cards are still the user's choice
+    assert _multi_device.devices_for(listed, CUDA[0], big) == (CUDA[0], CUDA[2])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one process per node (several nodes): its cards are its own
+    assert _multi_device.devices_for(auto, CUDA[1], big) == (CUDA[1], CUDA[0], CUDA[2])
+
+
 def test_named_devices_spread_whatever_the_size(three_cards):
     listed = ExecutionPolicy(target=(CUDA[0], CUDA[2]))
     assert _multi_device.devices_for(listed, CPU, 2) == (CUDA[0], CUDA[2])
