@@ -19,7 +19,7 @@ time waits for the scheduler, the CPU time does not. The training time (simulati
 included) and the trained model's median relative errors on the 2k volume are recorded too, with the load
 average before and after (this 2-core machine is shared with other sessions).
 
-Run: PYTHONPATH=. python benchmarks/perk_cases.py --device cpu --threads 2 [--repeats 5]
+Run: PYTHONPATH=. python benchmarks/perk_cases.py --device cpu --threads 2 [--torch-threads 1] [--repeats 5]
      PYTHONPATH=. python benchmarks/perk_cases.py --device cuda
 Writes a new benchmarks/results/perk_cases-<machine>-<date>-<commit>.json (_records.py).
 """
@@ -151,13 +151,17 @@ def train(device: str) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=2, help="host threads (torch and the kernels)")
+    parser.add_argument("--threads", type=int, default=2, help="host threads of the kernels (and of torch)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads, if not --threads (on a loaded machine torch's parallel "
+                             "element-wise operations wait on the scheduler for their second thread)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["BLOCHSIM_NUM_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
+    torch_threads = args.torch_threads or args.threads
+    torch.set_num_threads(torch_threads)
     if args.worker:
         model, kind, n = args.worker
         worker(model, kind, int(n), args.device, args.repeats)
@@ -171,6 +175,7 @@ def main() -> None:
                f"{platform.processor() or 'cpu'}-{os.cpu_count()}cores-{args.threads}threads")
     record = {"task": "perk_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "machine": machine, "torch": torch.__version__, "threads": args.threads,
+              "torch_threads": torch_threads,
               "repeats": args.repeats, "samples": SAMPLES, "n_features": FEATURES, "repetitions": REPETITIONS,
               "train_s": train_s, "held_out_median_relative_error": errors,
               "note": ("shared 2-core VM: other sessions were running (see load averages); times are upper "
@@ -183,7 +188,8 @@ def main() -> None:
                                                               os.environ.get("PYTHONPATH", "")])}
         for (kind, n), incumbent_ms in INCUMBENT_MS[args.device].items():
             out = subprocess.run([sys.executable, __file__, "--device", args.device, "--threads", str(args.threads),
-                                  "--repeats", str(args.repeats), "--worker", str(model), kind, str(n)],
+                                  "--torch-threads", str(torch_threads), "--repeats", str(args.repeats),
+                                  "--worker", str(model), kind, str(n)],
                                  env=env, capture_output=True, text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])
             ratio = result["median_s"] * 1e3 / incumbent_ms
