@@ -142,3 +142,25 @@ def test_a_rank_that_refuses_fails_every_rank(tmp_path):
     assert code0 == 1 and f"{out} exists: pass --overwrite" in text0, text0
     assert code1 == 1 and "rank 0 of 2 failed opening the chunk folder: FileExistsError" in text1, text1
     assert "Traceback" not in text0 + text1
+
+
+def test_one_process_resumes_what_several_ranks_left(capsys, tmp_path):
+    """A run of any number of processes resumes another's: a one-process run merges the progress file a rank
+    > 0 left (its chunks are not computed again), and drops a listed chunk whose file is gone."""
+    reference = _one_process(capsys, SMALL, tmp_path / "reference.npz")
+    out = tmp_path / "left.npz"
+    assert main([*SMALL, "-o", str(out), "--keep-chunks"]) == 0
+    out.unlink()
+    parts = tmp_path / "left.npz.parts"
+    manifest = json.loads((parts / "manifest.json").read_text())
+    manifest["done"] = [0, 2]  # rank 0's chunks ...
+    (parts / "manifest.json").write_text(json.dumps(manifest))
+    progress = {"samples": manifest["samples"], "dtype": manifest["dtype"], "done": [1, 3]}  # ... rank 1's
+    (parts / "done-rank-1.json").write_text(json.dumps(progress))
+    (parts / "chunk-000003.npy").unlink()  # listed by rank 1, but its file is gone: computed again
+    (parts / "chunk-000004.npy").unlink()
+    code = main([*SMALL, "-o", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 0 and "3 of 5 chunks already done" in err, err
+    assert not parts.exists()
+    _assert_same(_load(out), reference)
