@@ -116,3 +116,23 @@ def test_distribute_shards_trains_or_voxels():
 def test_two_processes_through_nccl():
     for rank, (code, text) in enumerate(_ranks("cuda")):
         assert code == 0 and f"rank {rank}: cuda passed" in text, text
+
+
+def test_torchrun_dictionary_one_card_per_process(capsys, tmp_path):
+    """`torchrun --nproc-per-node 2 -m blochsim dictionary ... --device cuda`: each process computes its chunks
+    on its own card (LOCAL_RANK); the file equals a one-process run on one card to VALUES."""
+    import subprocess
+    import sys
+
+    from test_distributed_cli import ROOT, SMALL, _environment, _load, _one_process
+
+    argv = [*SMALL, "--device", "cuda"]
+    out = tmp_path / "cards.npz"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+               "--nproc-per-node", "2", "-m", "blochsim", *argv, "-o", str(out)]
+    done = subprocess.run(command, env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 of 5 chunks computed by 2 processes" in done.stdout, done.stdout
+    got, want = _load(out), _one_process(capsys, argv, tmp_path / "one.npz")
+    assert rel_max_err(torch.as_tensor(got["signals"]), torch.as_tensor(want["signals"])) < VALUES
+    assert (got["parameters"] == want["parameters"]).all()
