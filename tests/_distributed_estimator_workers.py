@@ -172,6 +172,13 @@ def check_perk(rank: int, world: int) -> None:
     # The SDs are regressions of small residuals: 1e-3 relative (as tests/test_perk.py's streamed fit).
     same_maps(got_sd, want_sd, exact=False, rtol=1e-3)
 
+    # Given training signals: each rank accumulates its rows of them.
+    given = {"signals": ACQUISITION.simulate(T1=t1, T2=t2), "parameters": {"T1": t1, "T2": t2}}
+    with blochsim.distributed():
+        split = PERK(**settings).fit(**given, seed=0)
+    same_maps(split.map(signals), PERK(**settings).fit(**given, seed=0).map(signals), exact=False,
+              rtol=PERK_SUM_ORDER)
+
     # Streamed training (each rank simulates its chunks when a pass asks); the first piece is 700 rows
     # (chunk=700), 600 of rank 0 and 100 of rank 1.
     streamed = PERK(ACQUISITION, stream=True, **settings).fit(T1=t1, T2=t2, seed=0, chunk=700)
