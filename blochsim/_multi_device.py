@@ -75,6 +75,12 @@ def _policy_of(simulator, settings: dict):
     return as_policy(value) or active()
 
 
+def devices_named(simulator, settings) -> bool:
+    """Whether the call's policy names several devices (`execution([...])`, `offload([...])`)."""
+    target = _policy_of(simulator, settings).target
+    return isinstance(target, tuple) and len(target) >= 2
+
+
 def route(simulator, base, diff, protocol, tissue, settings, library, *, engine):
     """The call spread over several devices (`_sharding.route`), or None when it runs on one."""
     policy = _policy_of(simulator, settings)

@@ -36,8 +36,15 @@ def route(simulator, base, diff, protocol: dict, tissue: dict, settings: dict, l
     from . import _distributed, _multi_device
 
     split = _distributed.current()
+    # B1 and B1phase lead with a channel axis under shims or dynamic pTx pulses: a split would cut it as voxels.
+    channels = engine and simulator._channels(settings) is not None
+    if channels and (split is not None or _multi_device.devices_named(simulator, settings)):
+        raise NotImplementedError("a call whose B1 and B1phase carry a channel axis (shims or dynamic pTx pulses) "
+                                  "runs on one device: leave out distributed() and execution([...several devices])")
     if split is not None:
         return split.run_call(simulator, base, diff, protocol, tissue, settings, library, engine=engine)
+    if channels:
+        return None  # "auto" spreads large calls where it can; this one runs where its tissue is
     return _multi_device.route(simulator, base, diff, protocol, tissue, settings, library, engine=engine)
 
 
