@@ -360,3 +360,14 @@ def test_steady_state_across_the_slice():
     auto = EpgEngine().simulate(description, t, repetitions="auto", across_slice=COARSE, nstates=STATES).signal
     many = EpgEngine().simulate(description, t, repetitions=1000, across_slice=COARSE, nstates=STATES).signal
     assert rel_max_err(auto, many) < 5e-5
+
+
+def test_packed_events_keep_their_slice_profile():
+    from blochsim.sequence import pack_description
+
+    description, t = spin_echo(), tissue()
+    packed = pack_description(description, slice_profile=COARSE, nstates=STATES)
+    direct = EpgEngine().simulate(description, t, across_slice=COARSE, nstates=STATES).signal
+    torch.testing.assert_close(EpgEngine().simulate(description, t, events=packed).signal, direct, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="differs from the slice_profile the events were packed with"):
+        EpgEngine().simulate(description, t, events=packed, across_slice=5)

@@ -172,6 +172,9 @@ class EpgEngine:
                                       rf_raster_time_s=rf_raster_time_s, nstates=nstates, slice_profile=across_slice)
         elif not isinstance(events, PackedDescription):
             raise TypeError(f"events must come from pack_description, got {type(events).__name__}")
+        elif across_slice is not None and slice_profile_of(across_slice) != events.slice_profile:
+            raise ValueError(f"across_slice={across_slice!r} differs from the slice_profile the events were packed "
+                             f"with ({events.slice_profile!r}): give it to pack_description, or leave it out here")
         check_device(device)
         fields = _tissue_fields(tissue)
         home = tissue_device(fields)
