@@ -1,10 +1,14 @@
 """The host's real plain path, which runs a block's voxels side by side in SIMD lanes (csrc/cpu/epg_lanes.inc:
-forward, JVP and VJP; one instruction per operation for 4, 8 or 16 voxels), against the float64 oracle.
+forward, JVP, VJP and the second-order adjoint; one instruction per operation for 4, 8 or 16 voxels), against
+the float64 oracle.
 
 The derivative tests of test_engine_derivatives.py play their trains with the crusher geometry, where diffusion
 puts the real path on the per-voxel kernels; here there is no geometry, so the lanes run. Checked: the signal,
 forward mode along a random direction in every input at once, and the VJP of every input the real path carries
-(flips, the repetition time and with it the wrap interval, T1, T2, B1, M0, inversion efficiency), on
+(flips, the repetition time and with it the wrap interval, T1, T2, B1, M0, inversion efficiency), and the
+second order over all of them: a Hessian-vector product by double backward (the second-order adjoint seeded
+with a cotangent tangent, its sweep writing the signal's tangent) and the gradient of a cost of the (T1, T2)
+Jacobian (the Jacobian's backward: one second-order sweep per column, no signal written), on
 - conftest.carried_train: two shifts carried into a pulse and into a sample, a shift ahead of an inversion,
   spoilers carried into the next pass as E2 = 0 and samples taken after them (each branch of
   event_loop.hpp step_adjoint_plain);
@@ -16,8 +20,9 @@ The instruction set is picked once per process, the widest the processor has; te
 the same checks in a subprocess for each narrower one (BLOCHSIM_HOST_ISA).
 
 Tolerances are those of test_engine_forward.py (the signal: 1e-5 float32, 1e-12 float64) and
-test_engine_derivatives.py (first derivatives: 1e-4 and 1e-10, relative to each input's largest entry), whose
-docstrings give their reasons; the lanes do each voxel's arithmetic in the same order as a voxel alone.
+test_engine_derivatives.py (first derivatives: 1e-4 and 1e-10, second 1e-3 and 1e-9, relative to each input's
+largest entry), whose docstrings give their reasons; the lanes do each voxel's arithmetic in the same order as
+a voxel alone.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated
 
 SIGNAL = {torch.float32: 1e-5, torch.float64: 1e-12}  # test_engine_forward.py's TOL
 FIRST = {torch.float32: 1e-4, torch.float64: 1e-10}  # test_engine_derivatives.py's FIRST
+SECOND = {torch.float32: 1e-3, torch.float64: 1e-9}  # and its SECOND
 VOXELS = 21
 
 #: Each train: (builder of its description from the event inputs, repetitions, whether it takes event inputs).
@@ -67,11 +73,16 @@ def inputs(train: str, b1: str) -> dict:
     return x
 
 
+def described(train: str, x: dict) -> tuple:
+    """(description, tissue, repetitions) of the train on x."""
+    build, repetitions, _ = TRAINS[train]
+    tissue = TissueProperties(**{k: v for k, v in x.items() if k not in ("flips", "tr_s")})
+    return build(x), tissue, repetitions
+
+
 def run(train: str, x: dict, dtype=None) -> torch.Tensor:
     """The signal of the train on x: the oracle (dtype None) or the engine on the real path."""
-    build, repetitions, _ = TRAINS[train]
-    description = build(x)
-    tissue = TissueProperties(**{k: v for k, v in x.items() if k not in ("flips", "tr_s")})
+    description, tissue, repetitions = described(train, x)
     if dtype is None:
         return play(description, tissue, states=STATES, repetitions=repetitions).signal
     return simulate(description, tissue, states=STATES, repetitions=repetitions, dtype=dtype, path="real")
@@ -100,14 +111,52 @@ def reverse_mode(train: str, x: dict, dtype) -> dict:
     return dict(zip(leaves, got, strict=True))
 
 
+def hessian_vector_product(train: str, x: dict, dtype) -> dict:
+    """H v for L = sum |signal - target|^2 (a fixed random target), v = direction(x) in every input, by double
+    backward."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+    signal = run(train, leaves, dtype)
+    g = torch.Generator().manual_seed(7)
+    target = 0.1 * torch.complex(torch.randn(signal.shape, dtype=F64, generator=g),
+                                 torch.randn(signal.shape, dtype=F64, generator=g))
+    loss = (signal - target.to(signal.dtype)).abs().pow(2).sum()
+    first = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
+    v = direction(x)
+    inner = sum((d * v[k].to(d.dtype)).sum() for d, k in zip(first, leaves, strict=True))
+    return dict(zip(leaves, torch.autograd.grad(inner, list(leaves.values())), strict=True))
+
+
+def jacobian_cost_gradient(train: str, x: dict, dtype) -> dict:
+    """Gradients of sum |J|^2, J the signal's Jacobian along (T1, T2): the engine's jacobian, or forward mode
+    through the oracle (each voxel's signal depends on its own T1 alone, so a tangent of ones gives a column)."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+    if dtype is None:
+        columns = []
+        for name in ("t1_ms", "t2_ms"):
+            with fwAD.dual_level():
+                duals = {**leaves, name: fwAD.make_dual(leaves[name], torch.ones_like(leaves[name]))}
+                columns.append(fwAD.unpack_dual(run(train, duals)).tangent)
+        J = torch.stack(columns, -2)
+    else:
+        description, tissue, repetitions = described(train, leaves)
+        _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES, repetitions=repetitions,
+                        dtype=dtype, path="real")
+    got = torch.autograd.grad(J.abs().pow(2).sum(), list(leaves.values()))
+    return dict(zip(leaves, got, strict=True))
+
+
 CASES = [(train, b1) for train in TRAINS for b1 in ("per_voxel", "shared")]
 
 
 def results(train: str, b1: str, dtype) -> dict:
-    """The signal, its forward-mode tangent and the gradients: the engine's at dtype, the oracle's at None."""
+    """The signal, its forward-mode tangent, the gradients and the second-order results: the engine's at
+    dtype, the oracle's at None."""
     x = inputs(train, b1)
     out = {"signal": run(train, x, dtype).detach(), "forward mode": forward_mode(train, x, dtype)}
     out.update({f"gradient of {k}": g for k, g in reverse_mode(train, x, dtype).items()})
+    out.update({f"second order: H v of {k}": h for k, h in hessian_vector_product(train, x, dtype).items()})
+    out.update({f"second order: Jacobian cost gradient of {k}": g
+                for k, g in jacobian_cost_gradient(train, x, dtype).items()})
     return out
 
 
@@ -121,7 +170,8 @@ def check(got: dict, train: str, b1: str, dtype) -> None:
     assert got.keys() == want.keys()
     for what in got:
         err = rel_max_err(got[what], want[what])
-        assert err < (SIGNAL if what == "signal" else FIRST)[dtype], f"{what}: relative error {err:.3g}"
+        tol = SIGNAL if what == "signal" else SECOND if what.startswith("second order") else FIRST
+        assert err < tol[dtype], f"{what}: relative error {err:.3g}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -158,10 +208,10 @@ def test_each_instruction_set(isa, tmp_path):
 
 
 def test_lanes_are_deterministic(monkeypatch):
-    """The lanes keep the host's promises (test_engine_properties.py): the signal, the Jacobian and the flip
-    gradient (a sum over voxels: blocks of 16 in lanes, then the blocks in order) are the same bit for bit on
-    1 and 2 threads, and a voxel's results are the same in lane 5 of a block as alone (the other lanes then
-    padding)."""
+    """The lanes keep the host's promises (test_engine_properties.py): the signal, the Jacobian, the flip
+    gradient (a sum over voxels: blocks of 16 in lanes, then the blocks in order) and a Hessian-vector product
+    (flips and T1) are the same bit for bit on 1 and 2 threads, and a voxel's results are the same in lane 5 of
+    a block as alone (the other lanes then padding)."""
     x = {**inputs("mrf", "per_voxel"), "t1_ms": 250.0 + 90.0 * torch.arange(48, dtype=F64)}
     x.update({k: x[k][0] + 0 * x["t1_ms"] for k in ("t2_ms", "m0", "b1", "inversion_efficiency")})
 
@@ -173,7 +223,10 @@ def test_lanes_are_deterministic(monkeypatch):
         description = TRAINS["mrf"][0](y)
         tissue = TissueProperties(**{k: v.float() for k, v in y.items() if k not in ("flips", "tr_s")})
         _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES, path="real")
-        return [signal.detach(), flips, t1, J]
+        signal = run("mrf", leaves, torch.float32)
+        first = torch.autograd.grad(signal.abs().pow(2).sum(), [leaves["flips"], leaves["t1_ms"]], create_graph=True)
+        hv_flips, hv_t1 = torch.autograd.grad(first[0].sum() + first[1].sum(), [leaves["flips"], leaves["t1_ms"]])
+        return [signal.detach(), flips, t1, J, hv_flips, hv_t1]
 
     monkeypatch.setenv("BLOCHSIM_NUM_THREADS", "1")
     one = everything(x)
@@ -182,7 +235,7 @@ def test_lanes_are_deterministic(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
     alone = everything({k: v[37:38] if v.dim() and k not in ("flips",) else v for k, v in x.items()})
     assert torch.equal(alone[0], two[0][37:38]) and torch.equal(alone[2], two[2][37:38])
-    assert torch.equal(alone[3], two[3][37:38])
+    assert torch.equal(alone[3], two[3][37:38]) and torch.equal(alone[5], two[5][37:38])
 
 
 def test_unknown_instruction_set_is_refused():

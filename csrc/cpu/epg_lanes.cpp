@@ -16,9 +16,8 @@ namespace bs {
   template <class R, int P>                                                                          \
   void forward_lanes_at(const Problem<R>& pb, int64_t V, int threads, void* signal,                  \
                         void* signal_tangent);                                                       \
-  template <class R>                                                                                 \
-  void vjp_lanes_at(const Problem<R>& pb, int64_t V, int threads, const void* cotangent,             \
-                    const bs_grads& grads);                                                          \
+  template <class R, int P>                                                                          \
+  void vjp_lanes_at(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO& io);          \
   }
 BS_DECLARE_LANES(lanes_sse2)
 #ifdef BS_HAVE_WIDE_LANES
@@ -68,20 +67,22 @@ bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, v
   return true;
 }
 
-template <class R>
-bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const void* cotangent, const bs_grads& grads) {
+template <class R, int P>
+bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO& io) {
   if (!plain_orders(pb)) return false;
   switch (isa()) {
 #ifdef BS_HAVE_WIDE_LANES
-    case Isa::kAvx512: lanes_avx512::vjp_lanes_at<R>(pb, V, threads, cotangent, grads); break;
-    case Isa::kAvx2: lanes_avx2::vjp_lanes_at<R>(pb, V, threads, cotangent, grads); break;
+    case Isa::kAvx512: lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io); break;
+    case Isa::kAvx2: lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io); break;
 #endif
-    default: lanes_sse2::vjp_lanes_at<R>(pb, V, threads, cotangent, grads);
+    default: lanes_sse2::vjp_lanes_at<R, P>(pb, V, threads, io);
   }
   return true;
 }
-template bool vjp_lanes<float>(const Problem<float>&, int64_t, int, const void*, const bs_grads&);
-template bool vjp_lanes<double>(const Problem<double>&, int64_t, int, const void*, const bs_grads&);
+template bool vjp_lanes<float, 0>(const Problem<float>&, int64_t, int, const LaneAdjointIO&);
+template bool vjp_lanes<float, 1>(const Problem<float>&, int64_t, int, const LaneAdjointIO&);
+template bool vjp_lanes<double, 0>(const Problem<double>&, int64_t, int, const LaneAdjointIO&);
+template bool vjp_lanes<double, 1>(const Problem<double>&, int64_t, int, const LaneAdjointIO&);
 
 #define BS_FORWARD_LANES(R)                                                         \
   template bool forward_lanes<R, 0>(const Problem<R>&, int64_t, int, void*, void*); \

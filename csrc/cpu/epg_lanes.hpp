@@ -81,12 +81,25 @@ bool uniform_b1(const Problem<R>& pb) {
   return (!b1.data || b1.stride == 0) && !b1.tan;
 }
 
+// What an adjoint of the lane path reads and writes: the VJP's cotangent and gradients; the second order's
+// (P = 1) also their tangents and, where asked, the forward's samples and their tangents (null: not wanted;
+// a null cotangent tangent is zero). Layouts as in capi.h.
+struct LaneAdjointIO {
+  const void* cotangent = nullptr;          // [V, S] complex, read
+  const void* cotangent_tangent = nullptr;  // [V, S] complex, read, or null
+  bs_grads grads{};                         // written where not null
+  const bs_grads* grads_tangent = nullptr;  // P = 1: written where not null
+  void* signal = nullptr;                   // [V, S] complex, written, or null
+  void* signal_tangent = nullptr;           // [V, S] complex, written, or null
+};
+
 // Entry points of the lane path (epg_lanes.cpp), for problems of the real path (V voxels). Each returns
-// false, doing nothing, where the problem is not plain (plain_orders).
+// false, doing nothing, where the problem is not plain (plain_orders). vjp_lanes<R, 0> is the VJP,
+// vjp_lanes<R, 1> the second-order adjoint (forward over reverse along the problem's one tangent).
 template <class R, int P>
 bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, void* signal_tangent);
-template <class R>
-bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const void* cotangent, const bs_grads& grads);
+template <class R, int P>
+bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO& io);
 
 // The lane code of each instruction set is compiled in a translation unit of its own (epg_lanes_sse2.cpp,
 // epg_lanes_avx2.cpp, epg_lanes_avx512.cpp: epg_lanes.inc in a namespace per set), so the three compile side

@@ -8,10 +8,14 @@
 namespace bs {
 template <class R>
 void vjp_entry(const bs_epg_vjp_args& a) {
-  if (a.program.path == BS_PATH_REAL &&
-      vjp_lanes<R>(make_problem<R>(a.program, a.tissue, nullptr, a.tables, nullptr), a.tissue.num_voxels,
-                   a.num_threads, a.cotangent, a.grads))
-    return;
+  if (a.program.path == BS_PATH_REAL) {
+    LaneAdjointIO io;
+    io.cotangent = a.cotangent;
+    io.grads = a.grads;
+    if (vjp_lanes<R, 0>(make_problem<R>(a.program, a.tissue, nullptr, a.tables, nullptr), a.tissue.num_voxels,
+                        a.num_threads, io))
+      return;
+  }
   if (a.program.path == BS_PATH_REAL)
     run_vjp<R, R>(a.program, a.tissue, a.tables, nullptr, nullptr, a.num_threads, a.cotangent, nullptr, a.grads,
                   nullptr, &a.table_grads, nullptr, nullptr, nullptr);

@@ -5,10 +5,23 @@
 #pragma once
 
 #include "epg_host.hpp"
+#include "epg_lanes.hpp"
 
 namespace bs {
 template <class R, bool kComplex>
 void vjp_jvp_at(const bs_epg_vjp_jvp_args& a) {
+  if constexpr (!kComplex) {  // the real plain path runs in voxel lanes (epg_lanes.inc)
+    LaneAdjointIO io;
+    io.cotangent = a.cotangent;
+    io.cotangent_tangent = a.cotangent_tangent;
+    io.grads = a.grads;
+    io.grads_tangent = &a.grads_tangent;
+    io.signal = a.signal;
+    io.signal_tangent = a.signal_tangent;
+    if (vjp_lanes<R, 1>(make_problem<R>(a.program, a.tissue, &a.tangents, a.tables, &a.tables_tangent),
+                        a.tissue.num_voxels, a.num_threads, io))
+      return;
+  }
   using N = Dual<R, 1>;
   using S = typename std::conditional<kComplex, Cx<N>, N>::type;
   run_vjp<N, S>(a.program, a.tissue, a.tables, &a.tangents, &a.tables_tangent, a.num_threads, a.cotangent,
