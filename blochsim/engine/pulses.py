@@ -194,12 +194,13 @@ def _check_theta(plan: PulsePlan, flip_rad: torch.Tensor, b1: torch.Tensor | Non
     flips = flip_rad.detach().abs().index_select(0, torch.from_numpy(events).to(flip_rad.device))
     scale = torch.ones_like(flips)
     if b1 is not None:
-        scale = scale * b1.detach().abs().max()
+        # The flips may be host copies while the maps live on a card: the reductions come to the flips.
+        scale = scale * b1.detach().abs().max().to(flips.device)
     if field is not None and plan.field_row is not None:
         rows = torch.from_numpy(plan.field_row[events]).long().to(flips.device)
-        peak = field.detach()[..., 0].abs().amax(0)  # per row, over voxels
+        peak = field.detach()[..., 0].abs().amax(0).to(flips.device)  # per row, over voxels
         scale = torch.where(rows >= 0, peak.to(flips.dtype)[rows.clamp(min=0)], scale)
-    theta = (flips * scale.to(flips.device)).tolist()
+    theta = (flips * scale).tolist()
     limit = plan.profile.theta_max
     for e, value in zip(events.tolist(), theta, strict=True):
         if value > limit * (1 + 1e-12):
