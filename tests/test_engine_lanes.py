@@ -127,8 +127,10 @@ def hessian_vector_product(train: str, x: dict, dtype) -> dict:
 
 
 def jacobian_cost_gradient(train: str, x: dict, dtype) -> dict:
-    """Gradients of sum |J|^2, J the signal's Jacobian along (T1, T2): the engine's jacobian, or forward mode
-    through the oracle (each voxel's signal depends on its own T1 alone, so a tangent of ones gives a column)."""
+    """Gradients of sum |J|^2 + sum |signal|^2, J the signal's Jacobian along (T1, T2): the engine's jacobian
+    (its backward seeds the first column's second-order sweep with the signal's cotangent as a cotangent
+    tangent), or forward mode through the oracle (each voxel's signal depends on its own T1 alone, so a
+    tangent of ones gives a column)."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
     if dtype is None:
         columns = []
@@ -136,12 +138,12 @@ def jacobian_cost_gradient(train: str, x: dict, dtype) -> dict:
             with fwAD.dual_level():
                 duals = {**leaves, name: fwAD.make_dual(leaves[name], torch.ones_like(leaves[name]))}
                 columns.append(fwAD.unpack_dual(run(train, duals)).tangent)
-        J = torch.stack(columns, -2)
+        signal, J = run(train, leaves), torch.stack(columns, -2)
     else:
         description, tissue, repetitions = described(train, leaves)
-        _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES, repetitions=repetitions,
-                        dtype=dtype, path="real")
-    got = torch.autograd.grad(J.abs().pow(2).sum(), list(leaves.values()))
+        signal, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES, repetitions=repetitions,
+                             dtype=dtype, path="real")
+    got = torch.autograd.grad(J.abs().pow(2).sum() + signal.abs().pow(2).sum(), list(leaves.values()))
     return dict(zip(leaves, got, strict=True))
 
 
