@@ -1,7 +1,8 @@
 """Issue 30: small calls in a loop, eager against torch.compile (CUDA graphs on a GPU), against the kernels.
 
 The case: the MRF train of kernel_cases.py (500 repetitions, 32 orders, float32, flips ramping 5 -> 60 -> 2
-degrees) on `--n` tissues (default 2,000), and the gradient of sum |signal|^2 with respect to the flips, called
+degrees) on `--n` tissues (default 2,000), and the gradient of sum |signal|^2 (as the real operations
+`view_as_real(s).square().sum()`) with respect to the flips, called
 again and again as a design loop does. Rows, each the median per call of `--repeats` calls after warm-up
 (synchronised), beside the first call:
 
@@ -19,7 +20,7 @@ Ratios are to the kernel row. Issue 30's targets on the H200 at 2,000 tissues: c
 eager <= 2x the kernel time.
 
 Run: python benchmarks/compile_cases.py --device cuda [--n 2000] [--repeats 20]
-     python benchmarks/compile_cases.py --device cpu --repeats 5
+     python benchmarks/compile_cases.py --device cpu --repeats 5 [--threads 1]
 Writes a new benchmarks/results/compile_cases-<device>-<date>-<commit>.json (_records.py).
 """
 
@@ -101,21 +102,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--mode", default=None, help="torch.compile mode (default: reduce-overhead on CUDA, "
                                                      "default on the host)")
+    parser.add_argument("--threads", type=int, help="host threads (torch.set_num_threads; default torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     mode = args.mode or ("reduce-overhead" if device.type == "cuda" else "default")
     t1, t2 = relaxation_maps(args.n, device)
     flips_deg_base = flips_deg(REPETITIONS).to(device)
     sim = MRFSimulator(flip=flips_deg_base, TR=10.0, states=STATES)
 
+    def energy(signal):
+        """sum |s|^2 as real operations (complex abs runs as a slow fallback under Inductor)."""
+        return torch.view_as_real(signal).square().sum()
+
     def public_loss(flip_deg):
-        return (sim.simulate(flip=flip_deg, T1=t1, T2=t2).abs() ** 2).sum()
+        return energy(sim.simulate(flip=flip_deg, T1=t1, T2=t2))
 
     def engine_loss(flip_deg):
-        signal = engine.simulate(mrf_description(torch.deg2rad(flip_deg), 0.010), TissueProperties(t1_ms=t1, t2_ms=t2),
-                                 states=STATES)
-        return (signal.abs() ** 2).sum()
+        return energy(engine.simulate(mrf_description(torch.deg2rad(flip_deg), 0.010),
+                                      TissueProperties(t1_ms=t1, t2_ms=t2), states=STATES))
 
     def step(loss_fn):
         def run():
@@ -149,8 +156,9 @@ def main() -> None:
               "load_average": os.getloadavg(), "n": args.n, "repetitions": REPETITIONS, "states": STATES,
               "samples": static.num_samples, "mode": mode, "repeats": args.repeats, "rows": rows,
               "compile_s": rows["compiled"]["first_ms"] / 1e3, "max_rel_diff_compiled_vs_eager": check,
-              "targets_h200_2k": TARGETS,
-              "meets_targets": {k: rows[k]["ratio_to_kernel"] <= v for k, v in TARGETS.items()}}
+              "targets_h200_2k": TARGETS,  # judged on a GPU only: the host's kernels and overheads differ
+              "meets_targets": {k: rows[k]["ratio_to_kernel"] <= v for k, v in TARGETS.items()}
+              if device.type == "cuda" else None}
     for name in ("eager", "eager_engine", "compiled"):
         print(f"{name:<14} {rows[name]['ratio_to_kernel']:.2f}x kernel")
     print(f"compiled vs eager: max relative difference {check:.2e}")
