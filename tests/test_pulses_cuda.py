@@ -155,3 +155,22 @@ def test_slice_resolved_mrf_simulator_on_the_card():
     host = mrf.simulate(T1=t1, T2=80.0, across_slice=16)
     assert rel_max_err(card.cpu(), host) < 1e-5  # see the module docstring
     torch.testing.assert_close(chunked, card, rtol=0, atol=0)  # each voxel's arithmetic is the same
+
+
+def test_warp_adjoint_at_voxel_counts_not_a_multiple_of_four():
+    """The warp adjoint launches whole blocks of four voxels and interleaves its lanes' stores with that stride;
+    sized for 32 V lanes, the store of the last lanes ran into the table cotangents behind it when V % 4 != 0
+    (launch_rules.hpp vjp_state_bytes). Pool tables and shim fields are both table cotangents: gradients through
+    each at 13 voxels, against the host."""
+    from blochsim.sequence import mrf_description
+
+    def run(device):
+        flips = torch.linspace(0.2, 1.0, 12, device=device, requires_grad=True)
+        t1 = torch.linspace(600.0, 1400.0, 13, device=device, requires_grad=True)
+        bound = torch.full((13,), 0.1, device=device, requires_grad=True)
+        t = TissueProperties(t1_ms=t1, t2_ms=60.0, bound_fraction=bound, bound_exchange_hz=4.3)
+        signal = simulate(mrf_description(flips, 0.01), t, states=8)
+        return [g.cpu() for g in torch.autograd.grad((signal.abs() ** 2).sum(), (flips, t1, bound))]
+
+    for got, want in zip(run(CARD), run("cpu"), strict=True):
+        assert rel_max_err(got, want) < 1e-4  # see the module docstring

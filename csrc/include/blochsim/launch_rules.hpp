@@ -152,8 +152,11 @@ inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_
 template <class N, class S, class R>
 inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if (warp_kernels && warp_adjoint<N, S>(pb, V)) {  // a store per lane, of the planes x KPL
+    // Lanes interleave with the stride of the threads launched (whole blocks of four voxels), not 32 V: sized
+    // by 32 V, the last lanes' store ran past its end into the table cotangents behind it when V % 4 != 0
+    // (static shims at 13 voxels on the H200: gradients 0.138 off the host).
     const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * warp_orders_per_lane(pb.K);
-    return (int64_t(sizeof(S)) * 32 * V * per_lane + 255) / 256 * 256;
+    return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
