@@ -100,11 +100,23 @@ def _flatten(value, tensors: list, objects: list):
         return ("M", tuple((k, _flatten(v, tensors, objects)) for k, v in value.items()))
     if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device)):
         return ("V", value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = [f.name for f in dataclasses.fields(value) if f.init]
-        return ("C", type(value), tuple((name, _flatten(getattr(value, name), tensors, objects)) for name in fields))
+    if getattr(type(value), "__dataclass_fields__", None) is not None and not isinstance(value, type):
+        # A record of values (TissueProperties): its tensors are traced. Other dataclasses (a description
+        # made outside, with its events) are objects: what they hold is a constant of the plan.
+        names = [f.name for f in dataclasses.fields(value) if f.init]
+        if all(_is_value(getattr(value, name)) for name in names):
+            return ("C", type(value), tuple((name, _flatten(getattr(value, name), tensors, objects))
+                                            for name in names))
     objects.append(value)
     return ("O", len(objects) - 1)
+
+
+def _is_value(value) -> bool:
+    """A tensor, a number, a string, None, or a tuple or list of those."""
+    if isinstance(value, (tuple, list)):
+        return all(_is_value(v) for v in value)
+    return value is None or isinstance(value, (torch.Tensor, bool, int, float, complex, str, torch.dtype,
+                                               torch.device))
 
 
 def _unflatten(spec, tensors, objects):
@@ -131,10 +143,14 @@ def traced_call(function, args: tuple, kwargs: dict):
     spec = _flatten((args, kwargs), tensors, objects)
     # Shapes as Python ints: the plan holds one structure, so Dynamo specializes on them.
     meta = tuple((tuple(int(n) for n in t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
-    name, out_spec = _plan(function, spec, meta, len(objects), *objects, *tensors)
+    # Only a traced call imports the Dynamo-wrapped entry points (torch.compile/export have loaded Dynamo by
+    # then; Dynamo performs this import while tracing): `import blochsim` stays free of torch._dynamo and sympy.
+    from . import _tracing_dynamo as wrapped
+
+    name, out_spec = wrapped.plan(function, spec, meta, len(objects), *objects, *tensors)
     plan = getattr(_PLANS, name)
     # torch.export cannot take a nonstrict_trace call (torch 2.13: a TreeSpec weak reference): Dynamo inlines it.
-    outputs = _run(plan, *tensors) if _exporting() else _run_plan(plan, *tensors)
+    outputs = _run(plan, *tensors) if _exporting() else wrapped.run_plan(plan, *tensors)
     return _unflatten(out_spec, outputs, ())
 
 
@@ -148,9 +164,6 @@ def _run(plan: torch.fx.GraphModule, *tensors):
     return plan(*tensors)
 
 
-# Dynamo hands the plan's graph to AOTAutograd as it is, without interpreting it node by node (hundreds of nodes
-# with pools: seconds); torch before 2.7 lacks nonstrict_trace, and there Dynamo inlines it.
-_run_plan = torch._dynamo.nonstrict_trace(_run) if hasattr(torch._dynamo, "nonstrict_trace") else _run
 
 
 # -- plans (run at trace time, on real values) ------------------------------------------------------
@@ -163,7 +176,6 @@ _KEYS: dict = {}  # (function, spec, meta, object ids) -> (attribute name, outpu
 _COUNTER = itertools.count()
 
 
-@torch._dynamo.assume_constant_result
 def _plan(function, spec, meta, num_objects: int, *values):
     """The name of the plan of this call under `_PLANS` and its output spec (made on the first call)."""
     objects, tensors = values[:num_objects], values[num_objects:]

@@ -61,6 +61,7 @@ THIRD_ORDER_MESSAGE = (
 INPUT_NAMES = ("dt_s", "dt_wrap_s", "flip_rad", "phase_rad", *nat.TISSUE_PARAMS,
                *(f"table_{name}" for name in nat.TABLES))
 NUM_INPUTS = len(INPUT_NAMES)
+assert NUM_INPUTS == K.NUM_INPUTS, "engine.ops.INPUT_NAMES must name every kernel input of engine.kernels"
 
 def _static_fields(kind: str) -> tuple:
     """The fields of `kernels.Static` an op carries, by the kind of their annotation: "Tensor" (its own
@@ -386,13 +387,18 @@ def _unbatched(dims) -> bool:
     return all(d is None or isinstance(d, (list, tuple)) and _unbatched(d) for d in dims)
 
 
-def _folds_voxels(in_dims) -> bool:
-    """A batch of tissue only: the structure and the event values are the same for every entry."""
-    return _unbatched(in_dims[:NUM_STATIC + K.NUM_EVENT_INPUTS])
+_POSITIONS = SIZES.index("num_positions") if "num_positions" in SIZES else None
+
+
+def _folds_voxels(in_dims, args) -> bool:
+    """A batch of tissue only: the structure and the event values are the same for every entry, and no slice
+    profile numbers the voxels by position (then a batch entry's voxels would take other positions)."""
+    across_slice = _POSITIONS is not None and _sizes(args)[_POSITIONS] != 1
+    return _unbatched(in_dims[:NUM_STATIC + K.NUM_EVENT_INPUTS]) and not across_slice
 
 
 def _forward_vmap(info, in_dims, *args):
-    if not _folds_voxels(in_dims):
+    if not _folds_voxels(in_dims, args):
         return _loop(_OPS.epg_forward)(info, in_dims, *args)
     B, sizes = info.batch_size, list(_sizes(args))
     V = sizes[_VOXELS]
@@ -424,7 +430,7 @@ def _jvp_vmap(info, in_dims, *args):
         signal, signal_t = _OPS.epg_jvp(*args[:NUM_STATIC], *inputs,
                                         *[columns(t, d) for t, d in zip(tangents, tangent_dims, strict=True)])
         return (signal, signal_t.reshape((B, P) + tuple(signal_t.shape[1:]))), (None, 0)
-    if not _folds_voxels(in_dims) or any(d is not None for d in tangent_dims[:K.NUM_EVENT_INPUTS]):
+    if not _folds_voxels(in_dims, args) or any(d is not None for d in tangent_dims[:K.NUM_EVENT_INPUTS]):
         return _loop(_OPS.epg_jvp)(info, in_dims, *args)
     V = sizes[_VOXELS]
     folded = [_voxel_axis(x, d, B, V) if i >= K.NUM_EVENT_INPUTS else x
