@@ -8,13 +8,14 @@ the oracle by tests/test_engine_derivatives.py), which run the same kernel passe
 must give the very same numbers (compared exactly). Then the vmap rules: a batch of tissue or of tangents is
 one kernel call, other batches a loop, each equal to the calls made one by one.
 
-Three kernel calls cover the inputs: the real path (T1, T2 maps), the complex path (B0, B1 phase, diffusion
-and flow with a crusher) and pools (a semisolid and an exchanging pool: the tables, T complex). Float64
-throughout, 3 voxels, 10 orders: seconds.
+Four kernel calls cover the inputs: the real path (T1, T2 maps), the complex path (B0, B1 phase, diffusion
+and flow with a crusher), pools (a semisolid and an exchanging pool: the tables, T complex) and a slice
+profile (a profile table, 5 positions per voxel, a B1 map). Float64 throughout, 3 voxels, 10 orders: seconds.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import STATES, T1_MS, T2_MS, f64, mrf, mrf_quadratic, rel_max_err, tissue
@@ -23,36 +24,66 @@ from blochsim._reference import play
 from blochsim.engine import kernels, ops
 from blochsim.engine.bind import kernel_inputs
 from blochsim.engine.functions import EpgJacobian, EpgSimulate
+from blochsim.engine.pulses import across_positions
 from blochsim.engine.simulate import prepare
-from blochsim.sequence import TissueProperties
+from blochsim.sequence import (
+    ExactSliceProfile,
+    Excitation,
+    SequenceDescription,
+    SSFPFidReadout,
+    TissueProperties,
+    ideal_rf_definition,
+    rf_definition,
+)
 
 OPS = torch.ops.blochsim
 F64 = torch.float64
 
 
+def _profiled_train() -> SequenceDescription:
+    """Three profiled sinc excitations, each followed by a FISP readout."""
+    t = np.linspace(-3, 3, 120)
+    sinc = rf_definition(np.sinc(t) * np.hanning(122)[1:-1], dwell_s=1e-5, bandwidth_hz=6 / 120e-5,
+                         definition_id=1)
+    parts = []
+    for k, flip in enumerate((0.5, 0.8, 1.1)):
+        parts += [(k * 8e-3, Excitation(flip, 0.0, definition_id=1)), (k * 8e-3 + 2e-3, SSFPFidReadout())]
+    return SequenceDescription.from_operators(*parts, rf_definitions={0: ideal_rf_definition(), 1: sinc})
+
+
+#: Slice positions of the profiled case, with 512 profile knots: the interpolation's error is then ~2e-11,
+#: below the oracle comparison's 1e-10 (tests/test_pulses_engine.py measures the rate).
+ACROSS_SLICE = ExactSliceProfile(5, bins=512)
+
+
 def _case(name: str):
-    """(description, tissue) of a case."""
+    """(description, tissue, across_slice) of a case."""
     if name == "real":
-        return mrf(), tissue()
+        return mrf(), tissue(), None
     if name == "complex":
         return mrf_quadratic(geometry="crusher"), tissue(("b0_hz", "b1_phase_rad", "diffusion_um2_per_ms",
-                                                           "velocity_m_per_s"))
+                                                           "velocity_m_per_s")), None
+    if name == "profiled":  # a slice profile table, the voxels played at 5 positions, a B1 map
+        return _profiled_train(), tissue(("b1",)), ACROSS_SLICE
     # Pools: a semisolid pool and exchanging pool b, fractions per voxel (tables [V, ...], T complex).
     return mrf(), TissueProperties(t1_ms=f64(T1_MS), t2_ms=f64(T2_MS), bound_fraction=f64((0.1, 0.05, 0.15)),
                                    bound_exchange_hz=20.0, t1_bound_ms=1000.0, t2_bound_ms=0.012,
                                    pool_b_fraction=f64((0.1, 0.2, 0.05)), pool_b_exchange_hz=8.0,
-                                   t1_pool_b_ms=400.0, t2_pool_b_ms=15.0)
+                                   t1_pool_b_ms=400.0, t2_pool_b_ms=15.0), None
 
 
-CASES = ("real", "complex", "pooled")
+CASES = ("real", "complex", "pooled", "profiled")
 
 
 def kernel_call(name: str):
     """(Static, inputs) of a case: float64, the oracle's orders, every floating input a leaf requiring grad."""
-    description, tissue_ = _case(name)
+    description, tissue_, across_slice = _case(name)
     program, packed = prepare(description, tissue_, states=STATES, repetitions=1, record="all", dtype=F64,
-                              path="auto", checkpoint_stride=4)
-    static, inputs = kernel_inputs(program, packed, dict(tissue_.items()))
+                              path="auto", checkpoint_stride=4, across_slice=across_slice)
+    fields = dict(tissue_.items())
+    if across_slice is not None:  # as engine.bind.run: each voxel once per position, positions innermost
+        packed, fields = across_positions(packed, fields, program.pulses.positions)
+    static, inputs = kernel_inputs(program, packed, fields)
     return static, [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
 
 
@@ -73,8 +104,10 @@ def test_forward_op_matches_oracle(name):
     # 1e-10 relative: float64 kernels against the float64 oracle (tests/test_engine_forward.py sees ~1e-14).
     static, inputs = kernel_call(name)
     signal = OPS.epg_forward(*ops.static_args(static), *inputs)
-    description, tissue_ = _case(name)
-    expected = play(description, tissue_, states=STATES).signal
+    description, tissue_, across_slice = _case(name)
+    expected = play(description, tissue_, states=STATES, across_slice=across_slice).signal
+    positions = 1 if across_slice is None else int(across_slice.positions().numel())
+    signal = signal.reshape(-1, positions, signal.shape[-1]).mean(1)  # the samples averaged over the slice
     assert rel_max_err(signal.reshape(expected.shape), expected) < 1e-10
 
 
@@ -187,6 +220,24 @@ def test_vmap_over_tissue_is_one_forward_call(monkeypatch):
     batched = torch.vmap(run)(t1_maps)
     assert len(calls) == 1
     assert torch.equal(batched, torch.stack([run(t) for t in t1_maps]))  # voxels are independent: the same bits
+
+
+def test_vmap_over_tissue_across_the_slice_loops(monkeypatch):
+    """With a slice profile the kernel numbers its voxels by position (voxel u at position u % P): a batch is
+    not folded into the voxel axis, but run entry by entry."""
+    static, inputs = kernel_call("profiled")
+    args = ops.static_args(static)
+    inputs = [None if x is None else x.detach() for x in inputs]
+    i = kernels.NUM_EVENT_INPUTS
+    t1_maps = inputs[i] * torch.linspace(0.5, 1.5, 2, dtype=F64)[:, None]
+
+    def run(t1):
+        return OPS.epg_forward(*args, *inputs[:i], t1, *inputs[i + 1:])
+
+    calls = _counting(monkeypatch, "forward")
+    batched = torch.vmap(run)(t1_maps)
+    assert len(calls) == 2
+    assert torch.equal(batched, torch.stack([run(t) for t in t1_maps]))
 
 
 def test_vmap_over_flips_loops(monkeypatch):
