@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import operator
 
 import torch
 
@@ -141,8 +142,9 @@ def traced_call(function, args: tuple, kwargs: dict):
     """`function(*args, **kwargs)` under Dynamo: planned once per structure (`_plan`), then the plan's graph."""
     tensors, objects = [], []
     spec = _flatten((args, kwargs), tensors, objects)
-    # Shapes as Python ints: the plan holds one structure, so Dynamo specializes on them.
-    meta = tuple((tuple(int(n) for n in t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
+    # Shapes as Python ints: the plan holds one structure, so Dynamo specializes on them (operator.index
+    # makes a dynamic size static, with a guard; int() would leave it symbolic).
+    meta = tuple((tuple(operator.index(n) for n in t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
     # Only a traced call imports the Dynamo-wrapped entry points (torch.compile/export have loaded Dynamo by
     # then; Dynamo performs this import while tracing): `import blochsim` stays free of torch._dynamo and sympy.
     from . import _tracing_dynamo as wrapped

@@ -76,6 +76,19 @@ def test_compiled_mrf_loss_and_gradient_equal_eager():
     assert len(_tracing._KEYS) == plans + 1  # planned once
 
 
+def test_dynamic_shapes_give_one_plan_per_train_length():
+    """Under dynamic=True (or torch.compile's automatic dynamic shapes, after a second length) a plan holds one
+    structure: the number of flips is made static again, guarded, and each length gets its own plan."""
+    compiled = torch.compile(mrf_loss, fullgraph=True, backend="aot_eager", dynamic=True)
+    for count in (12, 16):
+        x = (torch.linspace(0.2, 1.2, count, dtype=F64)).requires_grad_()
+        loss = compiled(x)
+        loss.backward()
+        expected_loss, expected_grad = eager_loss_and_grad(mrf_loss, x)
+        assert rel_max_err(loss.detach(), expected_loss) < TOL
+        assert rel_max_err(x.grad, expected_grad) < TOL
+
+
 def test_loss_and_gradient_in_one_compiled_function():
     def loss_and_grad(flip_rad):
         loss = mrf_loss(flip_rad)
