@@ -1,5 +1,5 @@
 """T2' (`t2_prime_ms`, public `T2prime`): each sample times exp(-|τ|/T2'), τ its unrefocused time
-(API.md 3.3 step 4; the rule is in `blochsim.engine.unrefocused`).
+(API.md 3.3 step 4; the rule is in `blochsim.engine.t2_prime`).
 
 The engine's τ comes from the compiled program; the oracle walks the description on its own. Values and
 derivatives are held to the oracle at the tolerances of test_engine_forward.py (values) and
@@ -20,7 +20,7 @@ from blochsim import Simulator, SSFPFidReadout
 from blochsim._reference import play
 from blochsim.engine import jacobian, simulate
 from blochsim.engine.program import compile_program
-from blochsim.engine.unrefocused import unrefocused_time_s
+from blochsim.engine.t2_prime import unrefocused_time_s
 from blochsim.sequence import (
     Delay,
     Dephase,

@@ -10,7 +10,7 @@ with `engine.tissue.pack_tissue`, compile (or resolve) a `Program`, and call `ru
   positions as extra voxels (`engine.pulses.across_positions`) and averages the samples over them;
 * calls the kernels' autograd Functions: the forward, or the forward-mode Jacobian along named tissue
   fields (each kernel input's tangent from `tissue_tangents`);
-* applies T2' to the samples (`engine.unrefocused`).
+* applies T2' to the samples (`engine.t2_prime`).
 
 What is kept between calls follows one policy (`_arrays.LastResult`): the last result, while the
 tensors it was made from are alive and unmodified and nothing carries a derivative. The tissue packing,
@@ -34,8 +34,8 @@ from .functions import run_forward, run_jacobian
 from .pools import interval_rows, pool_tables
 from .program import Program
 from .pulses import across_positions, pulse_tables
+from .t2_prime import apply_t2_prime, t2_prime_active
 from .tissue import PackedTissue
-from .unrefocused import apply_t2_prime, t2_prime_active
 
 __all__ = ["run", "kernel_inputs", "event_inputs", "tissue_tangents"]
 

@@ -65,7 +65,7 @@ def simulate(
     `across_slice` (an int of positions or an `ExactSliceProfile`) plays PROFILED definitions at each slice
     position, every voxel once per position in one launch, and averages the samples over the positions.
 
-    A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.unrefocused`).
+    A finite T2' scales each sample by exp(-|τ|/T2') after the kernels (`engine.t2_prime`).
     Event values with a train axis of T (`program.split_trains`) give (T, *voxel_shape, samples): one
     program per train, stacked first. Under `torch.func.vmap` the batch runs as a loop
     (`engine.vmap`)."""

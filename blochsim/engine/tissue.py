@@ -267,7 +267,7 @@ def pack_tissue(tissue, *, dtype: torch.dtype = torch.float32, device=None, acti
     Every field given is checked (`check_tissue`: NaN, a negative time, fractions past 1, ...) and a
     ValueError names it by `names` (engine field -> the caller's public name). Fields named in
     `active` are sent, and count as present, even at their identity value (a Jacobian needs them). T2'
-    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.unrefocused`).
+    (`t2_prime_ms`) acts on the samples, not the states: it is not packed (`engine.t2_prime`).
     Buffers are made on `device` (default: `tissue_device`). One host sync.
     `channels` (the description's shims or dynamic pTx pulses, `engine.pulses.transmit_channels`): B1 and
     B1phase carry a leading axis of that many channels (a number is every channel's) and are packed as the
