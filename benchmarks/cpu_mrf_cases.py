@@ -13,7 +13,10 @@ Cases, with the incumbent's best median on this machine class (2 threads, float3
     pooled5 500           5 pools, 100 repetitions                            412
 
 and `loss 10k`, torch alone: the gradient case's loss, (x.abs() ** 2).sum() and its backward, on a complex64
-[10k, 500] tensor, so the record shows how much of the gradient is torch's and how much the kernels'.
+[10k, 500] tensor, so the record shows how much of the gradient is torch's and how much the kernels'. Then
+`hvp 2k` and `hvp 10k`: blochsim.hvp of the gradient case's cost along a fixed random direction in the flips
+(forward, VJP, the second-order pass and one more VJP; issue 24: at most 4 gradients), beside `epg_real_grad`
+at the same tissue counts.
 
 Every case runs in a worker process per variant (`--library`, repeatable: a kernel build each, or the library
 blochsim finds when none is given), all kept warm; each round times one call of every case on every variant,
@@ -22,7 +25,7 @@ on the shared machine falls on all of them alike. Reported per case and variant:
 the rounds, the ratio of the median to the incumbent's, and with two variants or more, the median over rounds
 of each round's ratio to the first variant, in wall time and in CPU time (the worker's threads together:
 what a build costs even while the shared machine keeps it waiting for a core). The gradient's ratio to the
-forward (issue 29: at most 4x on the CPU) is taken round by round too.
+forward (issue 29: at most 4x on the CPU) is taken round by round too, and so is the HVP's ratio to the gradient.
 
 Run (on the 2-core machine, quiet):
     PYTHONPATH=. python benchmarks/cpu_mrf_cases.py --threads 2 [--library build/a/libblochsim_cpu.so ...]
@@ -48,7 +51,7 @@ from blochsim._benchmark_cases import CPU_INCUMBENT_MS
 #: (case, tissues): the incumbent's best median on the 2-core machine class, ms per call (issue 20 item 12);
 #: the cases are defined in the package (blochsim._benchmark_cases), shared with `blochsim bench`.
 INCUMBENT_MS = CPU_INCUMBENT_MS
-CASES = [*INCUMBENT_MS, ("loss", 10000)]
+CASES = [*INCUMBENT_MS, ("loss", 10000), ("epg_real_grad", 2000), ("hvp", 2000), ("hvp", 10000)]
 #: Issue 20 item 12's bound on the real cases: at most this fraction of the incumbent's time.
 TARGET = 0.5
 
@@ -66,6 +69,17 @@ def case_fn(name: str, n: int):
             y = x.clone().requires_grad_()
             return torch.autograd.grad((y.abs() ** 2).sum(), y)[0]
         return loss
+    if name == "hvp":
+        from blochsim import engine, hvp
+        from blochsim._benchmark_cases import STATES, flips_deg, tissue
+        from blochsim.sequence import mrf_description
+
+        tissues, base = tissue(n, "cpu", ""), torch.deg2rad(flips_deg(500))
+        direction = torch.randn(500, generator=torch.Generator().manual_seed(0))
+
+        def cost(flips):
+            return (engine.simulate(mrf_description(flips, 0.010), tissues, states=STATES).abs() ** 2).sum()
+        return lambda: hvp(cost, base, direction)
     return package_case(name, n, "cpu")
 
 
@@ -165,7 +179,9 @@ def main() -> None:
               "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads,
               "rounds": args.rounds, "torch": variants[0].info["torch"], "target_fraction": TARGET,
               "variants": [{"name": v.name, "library": v.info["library"], "sha256": digest(v.info["library"])}
-                           for v in variants], "results": []}
+                           for v in variants], "results": [],
+              # the machine is shared: the 1-minute load average as the run starts and ends
+              "load_average_1min": {"start": os.getloadavg()[0]}}
     times = {(c, v.name): [] for c in cases for v in variants}
     cpu_times = {(c, v.name): [] for c in cases for v in variants}  # immune to waiting for a core, not to caches
     first = {}
@@ -182,6 +198,7 @@ def main() -> None:
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     for v in variants:
         v.close()
+    record["load_average_1min"]["end"] = os.getloadavg()[0]
 
     def per_round(a, b):
         return statistics.median(x / y for x, y in zip(a, b, strict=True))
@@ -223,6 +240,14 @@ def main() -> None:
             record["gradient_over_forward"][v.name] = entry
             print(f"real gradient / forward, variant {v.name}: {ratio:.2f}" +
                   (f" (without torch's loss: {entry['kernels_over_forward']:.2f})" if loss in cases else ""))
+    record["hvp_over_gradient"] = {}
+    for n in (2000, 10000):
+        product, grad_n = ("hvp", n), ("epg_real_grad", n)
+        if product in cases and grad_n in cases:
+            for v in variants:
+                ratio = per_round(times[product, v.name], times[grad_n, v.name])
+                record["hvp_over_gradient"].setdefault(v.name, {})[str(n)] = ratio
+                print(f"hvp / gradient at {n}, variant {v.name}: {ratio:.2f}")
     path = write_record(args.out, "cpu_mrf_cases", record["machine"], record)
     print(f"wrote {path}")
 
