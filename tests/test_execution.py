@@ -74,6 +74,45 @@ def _protocol_bound(chunk_grads: list) -> float:
     return total * 2.0**-24 + sum(chunk_grads).double().abs() * 2.0**-23
 
 
+def _flip_shares(monkeypatch, run) -> list:
+    """The kernels' flip gradients (one per event) each kernel call of `run()` returns (the VJP's, the VJP-JVP's
+    tangent), as float64: the shares autograd adds into a second-order result."""
+    shares, vjp, vjp_jvp = [], K.vjp, K.vjp_jvp
+
+    def first(*args, **kwargs):
+        out = vjp(*args, **kwargs)
+        shares.append(out[2])
+        return out
+
+    def second(*args, **kwargs):
+        out = vjp_jvp(*args, **kwargs)
+        shares.append(out[1][2])
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(K, "vjp", first)
+        m.setattr(K, "vjp_jvp", second)
+        run()
+    return [x.double() for x in shares if x is not None]
+
+
+def _event_flips(monkeypatch, tissue: TissueProperties) -> torch.Tensor:
+    """|d kernel flip / d flip|, [events, REPS]: how the kernels' per-event flips come from `_flips()`."""
+    flips, seen, forward = _flips(requires_grad=True), [], K.forward
+
+    def recording(st, inputs):
+        seen.append(inputs[2])
+        return forward(st, inputs)
+
+    with monkeypatch.context() as m:
+        m.setattr(K, "forward", recording)
+        engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
+    events = seen[0]
+    rows = [torch.autograd.grad(events[e], flips, retain_graph=True, allow_unused=True)[0]
+            for e in range(events.numel())]
+    return torch.stack([torch.zeros_like(flips) if r is None else r for r in rows]).abs()
+
+
 # -- results do not depend on chunking -------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_and_jacobian_chunked_bitwise(kind, calls):
@@ -157,13 +196,26 @@ def test_derivatives_chunked(kind, derivative, entry, calls, monkeypatch):
     if kind != "pooled" and derivative is _first_order:
         assert torch.equal(c_flip.float(), sum(p.double() for p in parts).float())
         assert ((c_flip - w_flip).abs() <= _protocol_bound(parts)).all()
-    else:
-        # Two shares, each rounded per chunk, meet in these: with MT the flips reach the saturation table
-        # too, whose per-voxel gradient the chunked call folds whole while each part folded its own voxels;
-        # an HVP adds the VJP-JVP's share to the VJP's (through the cotangent, which depends on the flips);
-        # a Jacobian cost adds its two columns' VJP-JVPs. Each share is bounded as above at the size of the
-        # parts it makes up, and a share may be up to that size again with the other sign: a factor 4.
+    elif derivative is _first_order:
+        # Two shares, each rounded per chunk, meet here: with MT the flips reach the saturation table too,
+        # whose per-voxel gradient the chunked call folds whole while each part folded its own voxels. Each
+        # share is bounded as above at the size of the parts it makes up, and a share may be up to that size
+        # again with the other sign: a factor 4.
         assert ((c_flip - w_flip).abs() <= 4 * _protocol_bound(parts)).all()
+    else:
+        # An HVP adds the VJP-JVP's share to the VJP's (through the cotangent, which depends on the flips), a
+        # Jacobian cost its two columns' VJP-JVPs: each share is rounded per chunk (`_protocol_bound` at the
+        # share's own size, which may be far above the result's: on the lanes, 55 and -69 meet in a flip
+        # entry of -1.3), and autograd's float32 sum of the shares rounds once more (2^-24 of their size),
+        # differently for the chunked and the whole call.
+        # Autograd adds the shares per event, in float32, and carries the sum to the flips (`_event_flips`),
+        # rounding again: 2^-23 of the shares' size for both.
+        shares = [_flip_shares(monkeypatch, lambda lo=lo, n=n: derivative(_voxels(tissue, lo, n)))
+                  for lo, n in ranges]
+        per_event = sum(_protocol_bound(list(chunks)) for chunks in zip(*shares, strict=True))
+        per_event = per_event + 2.0**-23 * sum(sum(chunks).abs() for chunks in zip(*shares, strict=True))
+        bound = per_event @ _event_flips(monkeypatch, tissue).double()
+        assert ((c_flip - w_flip).abs() <= bound).all()
 
 
 def test_simulator_execution_setting_per_call_and_per_simulator(calls):
