@@ -96,6 +96,7 @@ __all__ = [
     "ShimDefinition",
     "rf_definition",
     "read_mrd_description",
+    "compose_spinor",
     "cest_sim",
     "flash_sim",
     "fmssfp_sim",
