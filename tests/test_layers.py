@@ -29,7 +29,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "blochsim"
 LAYERS = {
     "foundation": ("blochsim._version", "blochsim._errors", "blochsim._arrays", "blochsim._native",
                    "blochsim._execution", "blochsim._progress", "blochsim._sharding", "blochsim._distributed",
-                   "blochsim._collectives", "blochsim._multi_device", "blochsim._tracing",
+                   "blochsim._collectives", "blochsim._multi_device", "blochsim._tracing", "blochsim._free_variables",
                    "blochsim._tracing_dynamo"),
     "physics": ("blochsim.physics",),
     "sequence": ("blochsim.sequence",),

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from .. import _execution
 from .._arrays import library_of, to_library, to_tensor
+from .._free_variables import FreeVariable
 from .._progress import progress_bar
 from ._placement import budget_bytes, run_device, stage
 from .base import Estimator, _own_voxels, _voxel_report
@@ -35,59 +35,19 @@ SATURATED_FREE = 20.0
 RESOLUTION_EPS = 4.0
 
 
-class _Free:
-    """One unknown's free variable `x` and its value (the mapping of `ModelOperator`): two-sided bounds
-    `low + (high - low) sigmoid(x)`; a lower bound only `low + step softplus(x)`; an upper bound only
-    `high - step softplus(-x)`; none `step x`."""
-
-    def __init__(self, name: str, low, high, step: float):
-        self.name, self.low, self.high, self.step = name, low, high, step
-
-    @property
-    def two_sided(self) -> bool:
-        return self.low is not None and self.high is not None
-
-    def value(self, x):
-        if self.two_sided:
-            return self.low + (self.high - self.low) * torch.sigmoid(x)
-        if self.low is not None:
-            return self.low + self.step * F.softplus(x)
-        if self.high is not None:
-            return self.high - self.step * F.softplus(-x)
-        return self.step * x
-
-    def slope(self, x):
-        """d value / dx."""
-        if self.two_sided:
-            p = torch.sigmoid(x)
-            return (self.high - self.low) * p * (1 - p)
-        if self.low is not None:
-            return self.step * torch.sigmoid(x)
-        if self.high is not None:
-            return self.step * torch.sigmoid(-x)
-        return torch.full_like(x, self.step)
+class _Free(FreeVariable):
+    """One unknown's free variable `x` and its value (the mapping `blochsim._free_variables` describes, shared
+    with `ModelOperator`)."""
 
     def free(self, value, what: str):
         """The inverse of `value`; ValueError naming `what` and the first voxel on or outside a bound."""
-        outside = torch.zeros_like(value, dtype=torch.bool)
-        if self.low is not None:
-            outside |= ~(value > self.low)
-        if self.high is not None:
-            outside |= ~(value < self.high)
+        outside = self.outside(value)
         if bool(outside.any()):
             first = int(outside.nonzero()[0, 0])
             raise ValueError(f"{what}: the start of {self.name} is on or outside its bounds ({self.low}, "
                              f"{self.high}) in {int(outside.sum())} voxel(s), the first at flat index {first} with "
                              f"{float(value[first]):g}; start strictly inside")
-        if self.two_sided:
-            return torch.logit((value - self.low) / (self.high - self.low))
-        if self.low is not None:
-            y = (value - self.low) / self.step
-            return y + torch.log(-torch.expm1(-y))
-        if self.high is not None:
-            y = (self.high - value) / self.step
-            return -(y + torch.log(-torch.expm1(-y)))
-        return value / self.step
+        return self.inverse(value)
 
     def inside(self, value):
         """`value` moved at least `_START_INSIDE` of the width inside a two-sided bound (for drawn starts)."""

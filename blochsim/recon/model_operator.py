@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from .._arrays import is_array, to_tensor
+from .._free_variables import FreeVariable
 from ..subspace import Subspace
 
 __all__ = ["ModelOperator"]
@@ -16,17 +16,18 @@ __all__ = ["ModelOperator"]
 AMPLITUDE_CHANNELS = ("amplitude.real", "amplitude.imag")
 
 
-class _Channel:
-    """One unknown's map between the free variable x and the property value: two-sided bounds
-    `low + (high - low) sigmoid(x)`; a lower bound only `low + step softplus(x)`; an upper bound only
-    `high - step softplus(-x)`; none `step x`."""
+class _Channel(FreeVariable):
+    """One unknown's map between the free variable x and the property value (`blochsim._free_variables`, shared
+    with least squares)."""
 
-    def __init__(self, name: str, low, high, step: float):
-        self.name, self.low, self.high, self.step = name, low, high, step
-
-    @property
-    def two_sided(self) -> bool:
-        return self.low is not None and self.high is not None
+    def free(self, value):
+        """The inverse of `value`; ValueError for a value not strictly inside the bounds."""
+        outside = self.outside(value)
+        if bool(outside.any()):
+            at = tuple(int(i) for i in torch.nonzero(outside)[0]) if outside.dim() else ()
+            raise ValueError(f"initial {self.name} = {float(value[at])} at index {at} is not strictly inside its "
+                             f"bounds ({_text(self.low, at)}, {_text(self.high, at)})")
+        return self.inverse(value)
 
     def on(self, x) -> _Channel:
         """The channel with its bound maps on x's device and in x's dtype."""
@@ -34,54 +35,10 @@ class _Channel:
             return bound.to(device=x.device, dtype=x.dtype) if isinstance(bound, torch.Tensor) else bound
         return _Channel(self.name, move(self.low), move(self.high), self.step)
 
-    def value(self, x):
-        if self.two_sided:
-            return self.low + (self.high - self.low) * torch.sigmoid(x)
-        if self.low is not None:
-            return self.low + self.step * F.softplus(x)
-        if self.high is not None:
-            return self.high - self.step * F.softplus(-x)
-        return self.step * x
-
-    def slope(self, x):
-        """d value / dx."""
-        if self.two_sided:
-            p = torch.sigmoid(x)
-            return (self.high - self.low) * p * (1 - p)
-        if self.low is not None:
-            return self.step * torch.sigmoid(x)
-        if self.high is not None:
-            return self.step * torch.sigmoid(-x)
-        return torch.full_like(x, self.step)
-
-    def free(self, value):
-        """The inverse of `value`; ValueError for a value not strictly inside the bounds."""
-        outside = torch.zeros_like(value, dtype=torch.bool)
-        if self.low is not None:
-            outside |= ~(value > self.low)
-        if self.high is not None:
-            outside |= ~(value < self.high)
-        if bool(outside.any()):
-            at = tuple(int(i) for i in torch.nonzero(outside)[0]) if outside.dim() else ()
-            raise ValueError(f"initial {self.name} = {float(value[at])} at index {at} is not strictly inside its "
-                             f"bounds ({_text(self.low, at)}, {_text(self.high, at)})")
-        if self.two_sided:
-            return torch.logit((value - self.low) / (self.high - self.low))
-        if self.low is not None:
-            return _softplus_inverse((value - self.low) / self.step)
-        if self.high is not None:
-            return -_softplus_inverse((self.high - value) / self.step)
-        return value / self.step
-
     def indexed(self, keep) -> _Channel:
         def pick(bound):
             return bound[keep] if isinstance(bound, torch.Tensor) and bound.dim() > 0 else bound
         return _Channel(self.name, pick(self.low), pick(self.high), self.step)
-
-
-def _softplus_inverse(y):
-    # log(exp(y) - 1), written to stay finite for large y.
-    return y + torch.log(-torch.expm1(-y))
 
 
 def _text(bound, at) -> str:
