@@ -14,6 +14,23 @@ import subprocess
 from pathlib import Path
 
 
+def machine_name(device=None, threads: int | None = None) -> str:
+    """The machine part of a record's name: the card's name for a CUDA run, else the CPU model, its core count
+    and (when given) the threads the run used."""
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    model = "cpu"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    name = f"{model}-{os.cpu_count()}cpu"
+    return name if threads is None else f"{name}-{threads}threads"
+
+
 def commit_tag(root: Path | None = None) -> str:
     """The short commit of the checkout, `-dirty` when tracked files differ from it; 'nogit' outside git.
 

@@ -134,16 +134,6 @@ class Variant:
         self.proc.wait()
 
 
-def machine_name(threads: int) -> str:
-    model = "cpu"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}-{os.cpu_count()}cpu-{threads}threads"
-
-
 def cpu_flags() -> list[str]:
     if not Path("/proc/cpuinfo").exists():
         return []
@@ -170,12 +160,12 @@ def main() -> None:
     if args.worker:
         worker(args.threads)
         return
-    from _records import write_record
+    from _records import machine_name, write_record
 
     cases = [c for c in CASES if not args.cases or c[0] in args.cases]
     variants = [Variant(lib, args.threads) for lib in (args.library or [None])]
     record = {"task": "cpu_mrf_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine_name(args.threads), "platform": platform.platform(), "cpu_flags": cpu_flags(),
+              "machine": machine_name(threads=args.threads), "platform": platform.platform(), "cpu_flags": cpu_flags(),
               "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads,
               "rounds": args.rounds, "torch": variants[0].info["torch"], "target_fraction": TARGET,
               "variants": [{"name": v.name, "library": v.info["library"], "sha256": digest(v.info["library"])}

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from _records import write_record
+from _records import machine_name, write_record
 
 from blochsim._benchmark_cases import flips_deg, relaxation_maps
 from blochsim.estimators import DictionaryMatcher, NonlinearLeastSquares
@@ -68,18 +68,6 @@ def timed(fn, device: torch.device) -> tuple:
     out = fn()
     sync(device)
     return out, time.perf_counter() - t0
-
-
-def machine_name(device: torch.device, threads: int) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = "cpu"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}-{os.cpu_count()}cpu-{threads}threads"
 
 
 def mrf() -> MRFSimulator:

@@ -25,7 +25,7 @@ import torch
 from _records import write_record
 
 from blochsim import engine, hvp
-from blochsim._benchmark_cases import STATES, case_train, flips_deg, sync, tissue
+from blochsim._benchmark_cases import STATES, case_train, flips_deg, peak_bytes, sync, tissue
 from blochsim.sequence import mrf_description
 
 DEFAULT_CASES = [("epg_real", 2000), ("epg_real", 20000), ("epg_complex", 5000)]
@@ -89,7 +89,8 @@ def main() -> None:
             ratios.append(h / g)
         row = {"case": name, "n": n, "gradient_ms": 1e3 * statistics.median(grads),
                "hvp_ms": 1e3 * statistics.median(hvps), "hvp_over_gradient": statistics.median(ratios),
-               "first_gradient_ms": 1e3 * first_grad, "first_hvp_ms": 1e3 * first_hvp}
+               "first_gradient_ms": 1e3 * first_grad, "first_hvp_ms": 1e3 * first_hvp,
+               "gradient_peak_bytes": peak_bytes(gradient, device), "hvp_peak_bytes": peak_bytes(product, device)}
         record["results"].append(row)
         print(f"{name:<14}{n:>8}{row['gradient_ms']:>13.1f}{row['hvp_ms']:>10.1f}{row['hvp_over_gradient']:>10.2f}",
               flush=True)

@@ -30,16 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def machine_name() -> str:
-    model = "cpu"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}-{os.cpu_count()}cpu"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=100_000)
@@ -49,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from _pulseq_files import long_gre
+    from _records import machine_name, write_record
 
     from blochsim.sequence import read_pulseq_description
 
@@ -78,8 +69,6 @@ def main() -> None:
                 pp.Sequence().read(str(path))
             record["pypulseq_read_s"] = time.perf_counter() - start
             record["pypulseq"] = pp.__version__
-    from _records import write_record
-
     print({k: v for k, v in record.items() if k not in ("platform",)})
     print(write_record(args.out, "pulseq_read", record["machine"], record))
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _records import write_record  # noqa: E402
+from _records import machine_name, write_record  # noqa: E402
 
 STATES = 32
 TR_S = 0.01
@@ -73,11 +73,6 @@ def tissue(count: int, device: str):
     return TissueProperties(t1_ms=t1, t2_ms=t2)
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def cases(args) -> dict:
     from blochsim.engine import simulate
 
@@ -92,6 +87,8 @@ def cases(args) -> dict:
 
 
 def timed(fn, device: str) -> float:
+    from blochsim._benchmark_cases import sync
+
     sync(device)
     start = time.perf_counter()
     out = fn()
@@ -123,7 +120,10 @@ def main() -> None:
         for name in order if r % 2 == 0 else order[::-1]:
             times[name] += [timed(fns[name], args.device) for _ in range(args.repeats)]
     load_end = os.getloadavg()
-    summary = {name: {"first_s": first[name], "median_s": statistics.median(ts), "least_s": min(ts), "all_s": ts}
+    from blochsim._benchmark_cases import peak_bytes
+
+    summary = {name: {"first_s": first[name], "median_s": statistics.median(ts), "least_s": min(ts), "all_s": ts,
+                      "peak_bytes": peak_bytes(fns[name], args.device)}
                for name, ts in times.items()}
     ratios = {f"slice/{name}": summary["slice"]["median_s"] / summary[name]["median_s"]
               for name in ("ideal_complex", "ideal_real")}
@@ -152,7 +152,7 @@ def main() -> None:
     for name, value in ratios.items():
         print(f"  {name}: {value:.3f}")
     if not args.no_record:
-        print("recorded", write_record(args.out, "slice_profile", platform.node(), record))
+        print("recorded", write_record(args.out, "slice_profile", machine_name(args.device), record))
 
 
 if __name__ == "__main__":

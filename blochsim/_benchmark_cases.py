@@ -141,6 +141,17 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def peak_bytes(fn, device) -> int | None:
+    """The peak CUDA allocation of one call of `fn` (bytes; None off a card): the memory beside a case's time."""
+    if torch.device(device).type != "cuda":
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated()
+
+
 def measure(fn, device, repeats: int):
     """(first call s, median of `repeats` calls after one more s, peak CUDA allocation bytes or None)."""
     sync(device)
