@@ -17,6 +17,7 @@
 #include "perk.h"
 #include "scratch.hpp"
 #include "thread_pool.hpp"
+#include "host_isa.hpp"
 
 namespace bs {
 
@@ -46,29 +47,8 @@ constexpr int kVectorBytes = 64;
 
 namespace {
 
-enum class Isa { kSse2, kAvx2, kAvx512 };
-
-Isa pick_isa() {
-  Isa best = Isa::kSse2;
-#ifdef BS_PERK_WIDE
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
-  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    best = Isa::kAvx512;
-#endif
-  if (const char* env = std::getenv("BLOCHSIM_HOST_ISA")) {
-    const std::string want(env);
-    if (want != "sse2" && want != "avx2" && want != "avx512")
-      throw std::invalid_argument("BLOCHSIM_HOST_ISA must be sse2, avx2 or avx512, got '" + want + "'");
-    const Isa asked = want == "sse2" ? Isa::kSse2 : want == "avx2" ? Isa::kAvx2 : Isa::kAvx512;
-    if (asked < best) best = asked;
-  }
-  return best;
-}
-
 Isa isa() {
-  static const Isa chosen = pick_isa();
+  static const Isa chosen = pick_host_isa();
   return chosen;
 }
 
