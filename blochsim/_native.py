@@ -244,13 +244,20 @@ def load_library(path: Path, *, expected_abi: int = ABI_VERSION, expected_versio
             f"the kernel library {path} was built for blochsim {built}, but this is blochsim "
             f"{expected_version}: reinstall blochsim so both come from one release"
         )
-    for name, args in _ENTRY_POINTS.items():
+    type_entry_points(lib, _ENTRY_POINTS, "bs_epg_scratch_bytes")
+    return lib
+
+
+def type_entry_points(lib, entries: dict, scratch_query: str) -> None:
+    """Give a kernel family's C entry points their ctypes signatures: each `name(const Args*) -> int32 status`
+    of `entries` (name -> Args structure), and its `scratch_query(int32 pass, const void* args) -> int64 bytes`."""
+    for name, args in entries.items():
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int32
         fn.argtypes = [ctypes.POINTER(args)]
-    lib.bs_epg_scratch_bytes.restype = ctypes.c_int64
-    lib.bs_epg_scratch_bytes.argtypes = [ctypes.c_int32, ctypes.c_void_p]
-    return lib
+    query = getattr(lib, scratch_query)
+    query.restype = ctypes.c_int64
+    query.argtypes = [ctypes.c_int32, ctypes.c_void_p]
 
 
 _cpu = None

@@ -72,12 +72,7 @@ def _library(device: torch.device):
                     "reinstall blochsim so the library and the package come from one source")
             _prepared[key] = None
         else:
-            for name, args in _ENTRIES.items():
-                fn = getattr(lib, name)
-                fn.restype = ctypes.c_int32
-                fn.argtypes = [ctypes.POINTER(args)]
-            lib.bs_perk_scratch_bytes.restype = ctypes.c_int64
-            lib.bs_perk_scratch_bytes.argtypes = [ctypes.c_int32, ctypes.c_void_p]
+            nat.type_entry_points(lib, _ENTRIES, "bs_perk_scratch_bytes")
             _prepared[key] = lib
     return _prepared[key]
 
