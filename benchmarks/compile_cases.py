@@ -30,7 +30,6 @@ import argparse
 import os
 import platform
 import statistics
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import torch
 from _records import write_record
 
 from blochsim import engine
-from blochsim._benchmark_cases import STATES, flips_deg, relaxation_maps, sync
+from blochsim._benchmark_cases import STATES, flips_deg, measure, relaxation_maps
 from blochsim.engine import kernels
 from blochsim.engine.bind import kernel_inputs
 from blochsim.engine.simulate import prepare
@@ -47,25 +46,6 @@ from blochsim.simulators import MRFSimulator
 
 REPETITIONS = 500
 TARGETS = {"compiled": 1.3, "eager": 2.0}  # at most this many kernel times (H200, 2,000 tissues)
-
-
-def timed(fn, device, repeats: int, warm: int) -> tuple[float, float]:
-    """(first call s, median of `repeats` calls after `warm` more, s)."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    first = time.perf_counter() - t0
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times)
 
 
 def kernel_fn(flips_rad: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor):
@@ -138,8 +118,8 @@ def main() -> None:
     rows = {}
     for name, fn in (("kernel", kernel), ("eager", step(public_loss)), ("eager_engine", step(engine_loss)),
                      ("compiled", step(compiled_loss))):
-        first, median = timed(fn, device, args.repeats, warm)
-        rows[name] = {"first_ms": 1e3 * first, "median_ms": 1e3 * median}
+        first, median, peak = measure(fn, device, args.repeats, warm)
+        rows[name] = {"first_ms": 1e3 * first, "median_ms": 1e3 * median, "peak_bytes": peak}
         print(f"{name:<14} first {1e3 * first:10.1f} ms   median {1e3 * median:9.3f} ms", flush=True)
     if device.type == "cuda":
         rows["kernel"]["kernel_device_ms"] = device_ms(kernel, args.repeats)

@@ -152,8 +152,8 @@ def peak_bytes(fn, device) -> int | None:
     return torch.cuda.max_memory_allocated()
 
 
-def measure(fn, device, repeats: int):
-    """(first call s, median of `repeats` calls after one more s, peak CUDA allocation bytes or None)."""
+def measure(fn, device, repeats: int, warm: int = 1):
+    """(first call s, median of `repeats` calls after `warm` more s, peak CUDA allocation bytes or None)."""
     sync(device)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -161,7 +161,8 @@ def measure(fn, device, repeats: int):
     fn()
     sync(device)
     first = time.perf_counter() - t0
-    fn()
+    for _ in range(warm):
+        fn()
     times = []
     for _ in range(repeats):
         sync(device)

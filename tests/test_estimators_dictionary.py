@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _mrf_grids import t1_t2_grid
 
 import blochsim
 from blochsim.estimators import DictionaryMatcher, MatchResult
@@ -21,11 +22,7 @@ def mrf():
 
 def grid(n1=40, n2=30):
     """T1 x T2 on log grids (ms), T2 <= T1: the usual MRF dictionary."""
-    t1 = torch.logspace(math.log10(200), math.log10(3000), n1)
-    t2 = torch.logspace(1, math.log10(300), n2)
-    T1, T2 = torch.meshgrid(t1, t2, indexing="ij")
-    keep = T2 <= T1
-    return T1[keep], T2[keep]
+    return t1_t2_grid(n1, n2)
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ A byte budget is given (execution(budget_bytes=...)): without one, blocks on a c
 memory, which the stand-in cannot report.
 """
 
-import math
 
 import pytest
 import torch
 from _fake_card import card, fake_card
+from _mrf_grids import t1_t2_grid
 
 import blochsim
 from blochsim.estimators import DictionaryMatcher, LookupTable, NonlinearLeastSquares
@@ -25,11 +25,7 @@ def mrf():
 
 
 def grid():
-    t1 = torch.logspace(math.log10(200), math.log10(3000), 20)
-    t2 = torch.logspace(1, math.log10(300), 15)
-    T1, T2 = torch.meshgrid(t1, t2, indexing="ij")
-    keep = T2 <= T1
-    return T1[keep], T2[keep]
+    return t1_t2_grid(20, 15)
 
 
 def on_card(x) -> bool:
