@@ -450,6 +450,9 @@ def test_host_scratch_released_after_a_large_call():
 
     gradient(20, 16)
     before = resident()
+    # Twice: after the first large buffer is freed, glibc serves the next one of that size from an arena that
+    # keeps its pages (15.7 MiB resident after the second call with malloc'd buffers; 0.9 mapped).
+    gradient(1000, 1024)
     gradient(1000, 1024)
     # 8 MiB: well under one thread's 36 MiB, above what the Python side keeps of a call (under 1 MiB).
     assert resident() - before < 8 * 2**20

@@ -6,7 +6,12 @@
 
 #include <cstddef>
 #include <memory>
+#include <new>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 
 #include "thread_pool.hpp"
 
@@ -15,6 +20,36 @@ namespace bs {
 // 8 MiB a thread: the store of an adjoint of ~250 checkpoints of 64 complex orders and one pool; at 16
 // threads, 128 MiB kept at most.
 constexpr size_t kKeptScratchBytes = size_t(8) << 20;
+
+// A call's own buffer, mapped from the system and unmapped when the call returns. Not malloc: glibc raises its
+// mmap threshold to the size of a freed mapping, so the next call of that size is served from an arena that
+// keeps the pages (15 MiB resident after a second 1024-order adjoint, measured).
+class MappedBuffer {
+ public:
+  explicit MappedBuffer(size_t bytes) : bytes_(bytes) {
+#if defined(__unix__) || defined(__APPLE__)
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<char*>(p);
+#else
+    data_ = new char[bytes_];
+#endif
+  }
+  ~MappedBuffer() {
+#if defined(__unix__) || defined(__APPLE__)
+    munmap(data_, bytes_);
+#else
+    delete[] data_;
+#endif
+  }
+  MappedBuffer(const MappedBuffer&) = delete;
+  MappedBuffer& operator=(const MappedBuffer&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  char* data_;
+};
 
 class CallScratch {
  public:
@@ -28,14 +63,14 @@ class CallScratch {
       if (kept.size() < bytes_) kept.resize(bytes_);
       return kept.data();
     }
-    std::unique_ptr<char[]>& mine = owned_[static_cast<size_t>(worker)];
-    if (!mine) mine.reset(new char[bytes_]);
-    return mine.get();
+    std::unique_ptr<MappedBuffer>& mine = owned_[static_cast<size_t>(worker)];
+    if (!mine) mine = std::make_unique<MappedBuffer>(bytes_);
+    return mine->data();
   }
 
  private:
   size_t bytes_;
-  std::vector<std::unique_ptr<char[]>> owned_;  // one per pool thread, each touched by its thread only
+  std::vector<std::unique_ptr<MappedBuffer>> owned_;  // one per pool thread, each touched by its thread only
 };
 
 }  // namespace bs
