@@ -33,6 +33,7 @@ closes over. torch.export works in strict mode (`strict=True`), which traces wit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import itertools
@@ -149,7 +150,11 @@ def traced_call(function, args: tuple, kwargs: dict):
     # then; Dynamo performs this import while tracing): `import blochsim` stays free of torch._dynamo and sympy.
     from . import _tracing_dynamo as wrapped
 
-    name, out_spec = wrapped.plan(function, spec, meta, len(objects), *objects, *tensors)
+    # The objects go to the plan by identity: Dynamo turns id() of an object from outside into a constant with
+    # an identity guard on every torch this supports, but takes the object itself as an argument of an
+    # assume_constant_result function only from torch 2.13 (before it: "UserDefinedObjectVariable is not a
+    # constant").
+    name, out_spec = wrapped.plan(function, spec, meta, tuple(id(o) for o in objects), *tensors)
     plan = getattr(_PLANS, name)
     # torch.export cannot take a nonstrict_trace call (torch 2.13: a TreeSpec weak reference): Dynamo inlines it.
     outputs = _run(plan, *tensors) if _exporting() else wrapped.run_plan(plan, *tensors)
@@ -178,14 +183,18 @@ _KEYS: dict = {}  # (function, spec, meta, object ids) -> (attribute name, outpu
 _COUNTER = itertools.count()
 
 
-def _plan(function, spec, meta, num_objects: int, *values):
-    """The name of the plan of this call under `_PLANS` and its output spec (made on the first call)."""
-    objects, tensors = values[:num_objects], values[num_objects:]
+def _plan(function, spec, meta, object_ids: tuple, *tensors):
+    """The name of the plan of this call under `_PLANS` and its output spec (made on the first call).
+
+    `object_ids` are the identities of the call's objects: the plan runs at trace time, while the traced frame
+    holds them, and a made plan keeps them (so no other object takes one of these identities while it lives).
+    """
+    objects = tuple(_object_at(i) for i in object_ids)
     if any(type(t).__name__ == "FakeTensor" or t.device.type == "meta" for t in tensors):
         raise RuntimeError(
             "blochsim under torch.export: export with strict=True (torch.export.export(module, args, strict=True)); "
             "the simulation's structure is read from the example values, which non-strict export does not show")
-    key = (function, spec, meta, tuple(id(o) for o in objects))
+    key = (function, spec, meta, object_ids)
     hit = _KEYS.get(key)
     if hit is None:
         # Outside any torch.func transform being traced (torch.func.grad of a function that simulates): the
@@ -196,6 +205,11 @@ def _plan(function, spec, meta, num_objects: int, *values):
         setattr(_PLANS, name, graph)
         hit = _KEYS[key] = (name, out_spec, objects)
     return hit[0], hit[1]
+
+
+def _object_at(identity: int):
+    """The live object whose id() is `identity` (CPython's id is its address)."""
+    return ctypes.cast(identity, ctypes.py_object).value
 
 
 def _record(function, spec, objects, tensors):

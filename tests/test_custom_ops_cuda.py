@@ -2,8 +2,8 @@
 
 * `torch.library.opcheck` of every op on CUDA tensors (float32, the device kernels' dtype): the real path and
   pools.
-* The ops' first and second derivatives on the device equal the eager Functions' exactly (the same kernel
-  calls on the same stream).
+* The ops' first and second derivatives on the device equal the eager Functions' (the same kernel calls; the
+  device VJP sums per-event parameter gradients over voxels with atomics, whose order varies between calls).
 * torch.compile with Inductor (fullgraph) of the MRF loss built from flip tensors on the device: loss and flip
   gradient against eager.
 * mode="reduce-overhead" (CUDA graphs): called in a loop, every call against eager, and no graph skipped
@@ -80,7 +80,12 @@ def test_op_derivatives_on_cuda_equal_the_eager_functions():
     for op_value, function_value in zip(*results, strict=True):
         assert (op_value is None) == (function_value is None)
         if op_value is not None:
-            assert torch.equal(op_value, function_value)
+            # Each to its own scale: float32 atomic sums over the voxels in another order differ by a few ulps of
+            # the largest term; a wrong registration (a missing or doubled term) differs by whole terms.
+            if function_value.any():
+                assert rel_max_err(op_value, function_value) < 1e-5
+            else:
+                assert not op_value.any()
 
 
 T1 = torch.tensor(T1_MS)
@@ -127,9 +132,36 @@ def test_compiled_mrf_on_cuda(mode, pooled):
         assert rel_max_err(loss.detach(), expected_loss) < TOL
         assert rel_max_err(x.grad, expected_grad) < TOL
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+    _assert_plan_on_device()
+
+
+def _assert_plan_on_device():
     plan = getattr(_tracing._PLANS, _tracing._KEYS[next(k for k in reversed(_tracing._KEYS))][0])
     for node in plan.graph.nodes:  # no host tensor is left in the plan
         if node.op == "get_attr":
             assert getattr(plan, node.target).device.type == "cuda", node.target
         if node.op == "call_function":
             assert node.kwargs.get("device") != torch.device("cpu"), node.format_node()
+
+
+def test_compiled_simulator_on_cuda():
+    """A Simulator made outside the compiled function (its protocol on the device), called inside it: the
+    simulator reaches the plan by identity (torch before 2.13 cannot pass an object to the plan)."""
+    from blochsim.simulators import MRFSimulator
+
+    flips = torch.linspace(10.0, 60.0, 40, device=CUDA)
+    sim = MRFSimulator(flip=flips, TR=10.0, states=16)
+    t1, t2 = T1.to(CUDA), T2.to(CUDA)
+
+    def loss_fn(flip_deg):
+        return torch.view_as_real(sim.simulate(flip=flip_deg, T1=t1, T2=t2)).square().sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, mode="reduce-overhead")
+    for k in range(4):
+        x = (flips * (1 + 0.05 * k)).requires_grad_()
+        loss = compiled(x)
+        loss.backward()
+        expected_loss, expected_grad = eager(x, loss_fn)
+        assert rel_max_err(loss.detach(), expected_loss) < TOL
+        assert rel_max_err(x.grad, expected_grad) < TOL
+    _assert_plan_on_device()
