@@ -77,15 +77,22 @@ def test_op_derivatives_on_cuda_equal_the_eager_functions():
         inner = sum(torch.view_as_real(g).sum() if g.is_complex() else g.sum() for g in grads)
         hvp = torch.autograd.grad(inner, leaves, allow_unused=True)
         results.append([signal, *grads, *hvp])
-    for op_value, function_value in zip(*results, strict=True):
-        assert (op_value is None) == (function_value is None)
-        if op_value is not None:
-            # Each to its own scale: float32 atomic sums over the voxels in another order differ by a few ulps of
-            # the largest term; a wrong registration (a missing or doubled term) differs by whole terms.
-            if function_value.any():
-                assert rel_max_err(op_value, function_value) < 1e-5
-            else:
-                assert not op_value.any()
+    # Atomic sums over the voxels change order between calls, so each tensor differs by a few float32 ulps of
+    # the terms summed; a wrong registration (a missing or doubled term) differs by whole terms. A term is at most
+    # the largest entry of its group (the gradients, the HVPs), and an entry that cancels to near zero (an HVP
+    # part of -7e-9 where the terms are ~0.1) keeps the rounding of its terms: the bound is 1e-5 of the tensor's
+    # own largest entry plus 1e-6 of its group's.
+    groups = [[0], list(range(1, 1 + len(leaves))), list(range(1 + len(leaves), len(results[0])))]
+    for group in groups:
+        present = [i for i in group if results[1][i] is not None]
+        group_scale = max((float(results[1][i].abs().max()) for i in present), default=0.0)
+        for i in group:
+            op_value, function_value = results[0][i], results[1][i]
+            assert (op_value is None) == (function_value is None), i
+            if op_value is None:
+                continue
+            bound = 1e-5 * float(function_value.abs().max()) + 1e-6 * group_scale
+            assert float((op_value - function_value).abs().max()) <= bound, (i, bound)
 
 
 T1 = torch.tensor(T1_MS)
