@@ -54,8 +54,20 @@ AUTO_SPREAD_VOXELS = 1 << 17
 MIN_VOXELS_PER_DEVICE = 1024
 
 
+#: The visible CUDA devices, once fixed: always 0 for a torch built without CUDA; otherwise counted again on
+#: every call until CUDA is initialised (CUDA_VISIBLE_DEVICES may still change before that), then kept, as
+#: torch keeps its own count. Every simulator call asks (`one_device`): counting costs ~10 Python calls.
+_VISIBLE_CUDA: int | None = None if torch.backends.cuda.is_built() else 0
+
+
 def _visible_cuda() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    global _VISIBLE_CUDA
+    if _VISIBLE_CUDA is not None:
+        return _VISIBLE_CUDA
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if torch.cuda.is_initialized():
+        _VISIBLE_CUDA = count
+    return count
 
 
 def _shares_node() -> bool:
@@ -81,12 +93,19 @@ def devices_named(simulator, settings) -> bool:
     return isinstance(target, tuple) and len(target) >= 2
 
 
+def one_device(policy) -> bool:
+    """Whether every call under `policy` runs on one device, whatever its size: the policy names at most one
+    device, or it is "cpu", or "auto" with fewer than two visible CUDA devices."""
+    target = policy.target
+    if target == "auto":
+        return _visible_cuda() < 2
+    return target == "cpu" or len(target) < 2
+
+
 def route(simulator, base, diff, protocol, tissue, settings, library, *, engine):
     """The call spread over several devices (`_sharding.route`), or None when it runs on one."""
     policy = _policy_of(simulator, settings)
-    target = policy.target
-    if target == "cpu" or (target == "auto" and _visible_cuda() < 2) or (isinstance(target, tuple)
-                                                                          and len(target) < 2):
+    if one_device(policy):
         return None
     arrays = {name: _sharding.as_tensor(value) for name, value in tissue.items()}
     arrays = {name: t for name, t in arrays.items() if t is not None}

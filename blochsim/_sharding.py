@@ -33,9 +33,14 @@ def route(simulator, base, diff, protocol: dict, tissue: dict, settings: dict, l
     call's values over the simulator's fixed ones; `library` the output's array library; `engine` whether the
     output is laid out as an event train's, `(*trains, *voxel, ...)`, rather than a closed form's `(*voxel, ...)`.
     """
-    from . import _distributed, _multi_device
+    from . import _distributed, _multi_device  # they import this module
 
     split = _distributed.current()
+    if split is None and _multi_device.one_device(_multi_device._policy_of(simulator, settings)):
+        # Outside distributed() and with one device, the usual case: decided in a few Python calls (this runs on
+        # every simulate and jacobian). A channel count that the shims and pulses disagree on is the engine's
+        # ValueError, raised before any work as on every other call.
+        return None
     # B1 and B1phase lead with a channel axis under shims or dynamic pTx pulses: a split would cut it as voxels.
     channels = engine and simulator._channels(settings) is not None
     if channels and (split is not None or _multi_device.devices_named(simulator, settings)):

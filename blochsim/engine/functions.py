@@ -67,14 +67,27 @@ def _as_tangent(t, like):
     return t.detach().to(like.dtype).reshape((1,) + tuple(like.shape))
 
 
+_unwrap_if_dead = getattr(torch._C._functorch, "unwrap_if_dead", lambda t: t)
+
+
+def _apply(function: type[torch.autograd.Function], *args):
+    """`function.apply(*args)`. `Function.apply` binds the forward's signature with `inspect` on every call
+    (for default arguments, which these forwards do not have): ~50 Python calls, tens of microseconds a
+    kernel call. Outside torch.func transforms it then calls the C implementation, as this does directly,
+    after the same unwrapping of tensors left over from a finished transform."""
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(
+        *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
 def run_forward(static, inputs) -> torch.Tensor:
-    """`EpgSimulate.apply(static, *inputs)`, or the kernel directly when nothing can carry a derivative:
-    `Function.apply` costs tens of microseconds per call (it binds its signature every time). While a
-    compiled plan is recorded (`blochsim._tracing`), the custom op, which the recording keeps."""
+    """`EpgSimulate.apply(static, *inputs)`, or the kernel directly when nothing can carry a derivative. While
+    a compiled plan is recorded (`blochsim._tracing`), the custom op, which the recording keeps."""
     if planning():
         return ops.forward(static, inputs)
     if transformed() or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
-        return EpgSimulate.apply(static, *inputs)
+        return _apply(EpgSimulate, static, *inputs)
     return K.forward(static, inputs)
 
 
@@ -82,7 +95,7 @@ def run_jacobian(static, inputs, tangents) -> tuple:
     """(signal [V, S], J [P, V, S]): `EpgJacobian.apply`, or the custom op while a plan is recorded."""
     if planning():
         return ops.jvp(static, inputs, tangents)
-    return EpgJacobian.apply(static, len(inputs), *inputs, *tangents)
+    return _apply(EpgJacobian, static, len(inputs), *inputs, *tangents)
 
 
 class EpgSimulate(torch.autograd.Function):
@@ -104,7 +117,7 @@ class EpgSimulate(torch.autograd.Function):
         inputs = ctx.saved_tensors
         wanted = list(ctx.needs_input_grad[1:])
         with _execution.applied(ctx.policy):
-            grads = EpgVjp.apply(ctx.static, wanted, grad_signal, *inputs)
+            grads = _apply(EpgVjp, ctx.static, wanted, grad_signal, *inputs)
         grads = iter(grads)
         return (None, *[next(grads) if w else None for w in wanted])
 

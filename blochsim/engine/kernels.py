@@ -77,8 +77,13 @@ def num_threads() -> int:
     return int(env) if env else torch.get_num_threads()
 
 
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _ptr(t):
-    return None if t is None else plain(t).data_ptr()
+    if t is None:
+        return None
+    return (plain(t) if _functorch_wrapped(t) else t).data_ptr()
 
 
 def _dtype_code(dtype) -> int:
@@ -139,8 +144,9 @@ def _tissue(st: Static, inputs) -> nat.Tissue:
     t = nat.Tissue()
     t.num_voxels = st.num_voxels
     for j, x in enumerate(inputs[NUM_EVENT_INPUTS:TABLE_START]):
-        t.data[j] = _ptr(x)
-        t.stride[j] = 0 if x is None or x.numel() == 1 else 1
+        if x is not None:  # an absent property stays NULL with stride 0, as the struct starts
+            t.data[j] = _ptr(x)
+            t.stride[j] = 0 if x.numel() == 1 else 1
     return t
 
 
@@ -148,6 +154,8 @@ def _tables(tables, keep: list, *, lead: int = 0) -> nat.Tables:
     """Struct of the tables (or their tangents with `lead` = 1 leading axis); views are kept alive in `keep`."""
     out = nat.Tables()
     for i, t in enumerate(tables):
+        if t is None:  # NULL with strides 0, as the struct starts
+            continue
         view = _real_view(t)
         keep.append(view)
         setattr(out, nat.TABLES[i], _ptr(view))
@@ -200,10 +208,11 @@ def _grad_structs(st: Static, piece: chunks.Chunk, inputs, wanted, full: list, f
             out.append(piece.summed(first + i, (1 if i == 1 else E,), st.dtype))
         else:
             out.append(piece.out(full[i]))
-    g = nat.Grads(*(_ptr(x) for x in out[:NUM_EVENT_INPUTS]))
+    g = nat.Grads(*[_ptr(x) for x in out[:NUM_EVENT_INPUTS]])
     for j, x in enumerate(out[NUM_EVENT_INPUTS:TABLE_START]):
-        g.tissue[j] = _ptr(x)
-    return g, nat.TableGrads(*(_ptr(x) for x in out[TABLE_START:]))
+        if x is not None:
+            g.tissue[j] = _ptr(x)
+    return g, nat.TableGrads(*[_ptr(x) for x in out[TABLE_START:]])
 
 
 def _collect(runner: chunks.Runner, st: Static, inputs, wanted, full: list, first: int) -> list:
