@@ -11,13 +11,21 @@ Three numbers, each against the kernel call alone (`EpgSimulate.apply` on prepar
 
 Also the compile alone (`engine.compile_program`) and the layout walk.
 
-Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300]
+Small calls (issue 30 item 4): a design loop's warm call, `MRFSimulator(states=32).simulate` of fresh flips
+(a new leaf tensor requiring grad each call) alone and with `backward()` of sum |signal|^2, as
+benchmarks/compile_cases.py's eager row: its median wall time and its Python function calls (sys.setprofile
+"call" events), beside the kernel passes alone (forward, and forward + flip VJP). `--baseline NAME` imports a
+second copy of the package under another name (e.g. a checkout of an older commit copied to `blochsim_old`,
+its `blochsim::` op namespace renamed) and alternates the same calls on it, round by round, in this process.
+
+Run: python benchmarks/python_overhead.py [--voxels 1] [--repeats 300] [--baseline blochsim_old]
 Writes a new benchmarks/results/python_overhead-<host><cpus>cpu-<voxels>vox-<date>-<commit>.json and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import statistics
@@ -52,6 +60,68 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def python_calls(fn) -> int:
+    """The Python function calls made while fn() runs (in this thread)."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def small_call_cases(package: str, T1, T2, repeats: int) -> dict:
+    """name -> fn(i) of the small-call rows, on `package` (blochsim or a renamed copy of it)."""
+    simulators = importlib.import_module(f"{package}.simulators")
+    engine = importlib.import_module(f"{package}.engine")
+    sim = simulators.MRFSimulator(flip=flips(FLIPS), TR=10.0, states=32)
+    shifted = [flips(FLIPS, 1e-3 * (i % 50)) for i in range(repeats)]  # new values each call, as a design loop
+
+    def call(i):
+        return sim.simulate(flip=shifted[i].clone().requires_grad_(), T1=T1, T2=T2)
+
+    def call_and_gradient(i):
+        torch.view_as_real(call(i)).square().sum().backward()
+
+    for i in range(3):  # walk, resolve, resolved (and verified: the values differ)
+        call_and_gradient(i)
+    (entry,) = sim._cache.entries.values()
+    values = entry.affine(flips(FLIPS).double(), torch.float64)
+    fields = {"t1_ms": T1, "t2_ms": T2}
+    static, inputs = engine.bind.kernel_inputs(entry.program, engine.tissue.pack_tissue(fields), fields,
+                                               values=values)
+    wanted = [i == 2 for i in range(len(inputs))]  # the flips
+
+    def kernel_pair(i):
+        signal = engine.kernels.forward(static, inputs)
+        engine.kernels.vjp(static, inputs, 2 * signal, wanted)
+
+    return {"simulate": call, "simulate_backward": call_and_gradient,
+            "kernel_forward": lambda i: engine.kernels.forward(static, inputs), "kernel_forward_vjp": kernel_pair}
+
+
+def small_calls(packages: list, T1, T2, repeats: int) -> dict:
+    """{package: {row: {"median_us", "python_calls"}}}, the packages' calls alternated round by round."""
+    cases = {package: small_call_cases(package, T1, T2, repeats) for package in packages}
+    times = {package: {name: [] for name in rows} for package, rows in cases.items()}
+    for i in range(repeats):
+        for package, rows in cases.items():
+            for name, fn in rows.items():
+                start = time.perf_counter()
+                fn(i)
+                times[package][name].append(time.perf_counter() - start)
+    return {package: {name: {"median_us": statistics.median(times[package][name]) * 1e6,
+                             "python_calls": python_calls(lambda fn=fn: fn(0))}
+                      for name, fn in rows.items()} for package, rows in cases.items()}
+
+
 def median_us(fn, repeats: int) -> float:
     times = []
     for i in range(repeats):
@@ -65,6 +135,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--voxels", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--baseline", help="a second copy of the package, by import name, timed alternately")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(0)
     T1 = 300 + 2000 * torch.rand(args.voxels, generator=g)
@@ -135,12 +206,24 @@ def main() -> int:
         "compile_program_ms": compile_ms,
         "compile_program_kept_us": cached_us,
     }
+    packages = ["blochsim"] + ([args.baseline] if args.baseline else [])
+    result["small_calls"] = small_calls(packages, T1, T2, args.repeats)
+    if args.baseline:
+        result["baseline_package"] = args.baseline
+        baseline = importlib.import_module(args.baseline)
+        result["baseline_source"] = str(Path(baseline.__file__).parent)
     host = f"{platform.node()}{os.cpu_count()}cpu-{args.voxels}vox"
     result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     path = write_record(Path(__file__).resolve().parent / "results", "python_overhead", host, result)
     width = max(len(k) for k in result)
     for key, value in result.items():
+        if key == "small_calls":
+            continue
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    for package, rows in result["small_calls"].items():
+        for name, row in rows.items():
+            print(f"small call {package:<14} {name:<18} {row['median_us']:9.1f} us  {row['python_calls']:4d} "
+                  "Python calls")
     print(f"wrote {path}")
     print(f"targets: first call overhead < 50 ms: {result['first_call_overhead_ms'] < 50}; "
           f"value-only overhead < 200 us: {result['value_only_overhead_us'] < 200}")

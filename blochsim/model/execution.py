@@ -64,9 +64,9 @@ class EngineDispatch:
                 raise missing_property(public, type(self).__name__, "ms")
         return fields
 
-    def _check_run(self, settings: dict) -> None:
+    def _check_run(self, settings: dict, policy) -> None:
+        """The run settings' errors before any work; `policy` is the call's `execution=` (`as_policy`)."""
         check_device(settings.get("device"))
-        policy = as_policy(self._setting(settings, "execution"))
         if policy is not None and policy.target not in ("auto", "cpu"):
             check_device(policy.target[0])
         slice_profile_of(self._setting(settings, "across_slice"))  # checked before the work
@@ -85,29 +85,37 @@ class EngineDispatch:
         device (to `device=` if there are none). An execution policy moves no tissue here: the kernel layer
         runs each chunk where the policy says, staging its inputs there and its results back.
         """
-        tensors = any(isinstance(value, torch.Tensor) for value in fields.values())  # scalars became CPU tensors
-        home = tissue_device(fields) if tensors else None
+        home = None
+        for value in fields.values():  # scalars became CPU tensors
+            if isinstance(value, torch.Tensor):
+                home = tissue_device(fields)
+                break
         target = settings.get("device")
         device = torch.device(target) if target is not None else (home or torch.device("cpu"))
         return device, home or device
 
     def _engine(self, properties: Mapping, protocol: dict, settings: dict):
         """Run the engine under the call's execution policy (its `execution=` setting, else the active one)."""
-        with applied(as_policy(self._setting(settings, "execution"))):
-            return self._run_engine(properties, protocol, settings)
+        policy = as_policy(self._setting(settings, "execution"))
+        with applied(policy):
+            return self._run_engine(properties, protocol, settings, policy)
 
-    def _run_engine(self, properties: Mapping, protocol: dict, settings: dict):
-        """Run the engine: the signal, or under a jacobian() request, the request's output."""
+    def _run_engine(self, properties: Mapping, protocol: dict, settings: dict, policy):
+        """Run the engine: the signal, or under a jacobian() request, the request's output. `policy`: the
+        call's own (`as_policy` of its execution setting), already applied."""
         request = _JACOBIAN.get()
         if request is not None and request.owner is not self:
             request = None
         if request is not None and request.result is not None:
             return request.output()
         if settings:
-            self._check_run(settings)
-        repetitions = self._setting(settings, "repetitions")
-        states = self._setting(settings, "states")
-        record = self._setting(settings, "record")
+            self._check_run(settings, policy)
+        # As _setting reads them (every run setting here has a class default), without a call each: this
+        # runs on every call (docs/design.md, small calls).
+        cls = type(self)
+        repetitions = settings.get("repetitions", cls.repetitions)
+        states = settings.get("states", cls.states)
+        record = settings.get("record", cls.record)
         jacobian = request.fields if request is not None else ()
         fields = self._tissue_fields(properties)
         device, home = self._placement(settings, fields)
