@@ -47,6 +47,10 @@ def design_loop_step(sim, t1, t2, backward: bool):
 
 
 def warm_counts() -> tuple[int, int]:
+    if torch.cuda.is_available():
+        # Until CUDA is initialised torch counts the devices through NVML on every ask (~30 Python calls; the
+        # routing asks on every call): a GPU process has initialised it long before its loop.
+        torch.cuda.init()
     sim = MRFSimulator(TR=10.0, states=16)
     t1, t2 = torch.linspace(300.0, 2000.0, 20), torch.linspace(30.0, 150.0, 20)
     forward, gradient = design_loop_step(sim, t1, t2, False), design_loop_step(sim, t1, t2, True)
@@ -84,3 +88,25 @@ def test_a_warm_call_equals_the_walked_one():
     # the kernels see the same float32 values, so signals and gradients agree to float32 rounding.
     assert torch.allclose(signal, signal_ref, rtol=0, atol=1e-6 * signal_ref.abs().max())
     assert torch.allclose(grad, grad_ref, rtol=0, atol=1e-5 * grad_ref.abs().max())
+
+
+def test_a_design_loop_step_reads_nothing_from_the_card():
+    """On a GPU a host read of a card value waits for the card, which costs more than the Python above. With
+    the flips and the tissue on a stand-in card (tests/_fake_card.py), a resolved design-loop step (new flip
+    values, the signal, its gradient) reads nothing back: the map of the protocol, both kernel passes and the
+    backward run on the card. (Calls repeating the very values of the resolving call in fresh tensors read
+    once per call, to compare them with the point the map was fitted at, until a new point verifies it:
+    docs/design.md, "Structure resolution".)"""
+    from _fake_card import SYNCS, card, fake_card
+
+    sim = MRFSimulator(TR=10.0, states=16)
+    with fake_card():
+        t1, t2 = card(torch.linspace(300.0, 2000.0, 20)), card(torch.linspace(30.0, 150.0, 20))
+        base = card(torch.linspace(5.0, 60.0, FLIPS))
+        reads = []
+        for k in range(5):  # walk, resolve, then resolved and verified (the values differ)
+            SYNCS.clear()
+            flip = (base + 0.01 * k).detach().requires_grad_()
+            torch.view_as_real(sim.simulate(flip=flip, T1=t1, T2=t2)).square().sum().backward()
+            reads.append(list(SYNCS))
+    assert reads[2:] == [[], [], []], reads
