@@ -3,9 +3,12 @@ signal w.r.t. the flips, and the flip gradient of the same cost, alternated roun
 
 The train and tissues are the kernel cases' (`blochsim._benchmark_cases`: an inversion, 500 FISP repetitions,
 32 orders, float32; `epg_complex` with quadratic RF phases). The cost is the `_grad` cases' sum |signal|^2;
-the direction a fixed random vector. Per round: one gradient (forward + VJP) and one HVP (forward, VJP with
-its graph, then the second-order pass and the VJP of the cost's curvature); the ratio HVP / gradient is taken
-per round and its median reported (target: at most 4).
+the direction a fixed random vector. Per round: one gradient (forward + VJP), one HVP (`blochsim.hvp`,
+forward over reverse: the forward and its JVP, torch's loss on dual tensors, one second-order pass), and the
+same product by reverse over reverse (`hvp`'s fallback, its method before: forward, VJP with its graph, the
+second-order pass and a VJP for the cost's curvature), in that order, alternated; each one's ratio to the
+round's gradient is taken per round and its median reported (target for `hvp`: at most 4). On the host the
+1-minute load average at the start and end of the run goes in the record (the machine may be shared).
 
 Run: python benchmarks/hvp_cases.py --device cuda [--cases epg_real epg_complex] [--n 2000 20000] [--rounds 7]
 Writes a new benchmarks/results/hvp_cases-<machine>-<date>-<commit>.json (_records.py).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import statistics
 import time
@@ -26,13 +30,15 @@ from _records import write_record
 
 from blochsim import engine, hvp
 from blochsim._benchmark_cases import STATES, case_train, flips_deg, peak_bytes, sync, tissue
+from blochsim.hvp import reverse_over_reverse
 from blochsim.sequence import mrf_description
 
 DEFAULT_CASES = [("epg_real", 2000), ("epg_real", 20000), ("epg_complex", 5000)]
 
 
 def case_calls(name: str, n: int, device):
-    """(gradient(), hvp()) of sum |signal|^2 w.r.t. the flips (rad) of the case's train."""
+    """(gradient(), hvp(), the same product by reverse over reverse) of sum |signal|^2 w.r.t. the flips (rad)
+    of the case's train."""
     quadratic, reps, pools, _ = case_train(name)
     tis = tissue(n, device, pools)
     phases = [math.radians(117) * k * (k + 1) / 2 for k in range(reps)] if quadratic else 0
@@ -50,7 +56,10 @@ def case_calls(name: str, n: int, device):
     def product():
         return hvp(cost, base, direction)
 
-    return gradient, product
+    def product_reverse():
+        return reverse_over_reverse(cost, base, direction)
+
+    return gradient, product, product_reverse
 
 
 def timed(fn, device) -> float:
@@ -77,23 +86,37 @@ def main() -> None:
     record = {"task": "hvp_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": machine, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "rounds": args.rounds, "results": []}
-    print(f"{'case':<14}{'n':>8}{'gradient ms':>13}{'hvp ms':>10}{'hvp/grad':>10}  (median of per-round ratios)")
+    if device.type != "cuda":
+        record["load_average_1min"] = {"start": os.getloadavg()[0]}
+    print(f"{'case':<14}{'n':>8}{'gradient ms':>13}{'hvp ms':>10}{'hvp/grad':>10}{'rev-rev ms':>12}{'rev/grad':>10}"
+          "  (medians of per-round ratios)")
     for name, n in cases:
-        gradient, product = case_calls(name, n, device)
+        gradient, product, product_reverse = case_calls(name, n, device)
         first_grad, first_hvp = timed(gradient, device), timed(product, device)
-        grads, hvps, ratios = [], [], []
-        for _ in range(args.rounds):
-            g, h = timed(gradient, device), timed(product, device)
+        timed(product_reverse, device)
+        grads, hvps, reverses, ratios, reverse_ratios = [], [], [], [], []
+        for r in range(args.rounds):
+            order = [gradient, product, product_reverse]
+            t = {fn: timed(fn, device) for fn in (order if r % 2 == 0 else order[::-1])}
+            g, h, rr = t[gradient], t[product], t[product_reverse]
             grads.append(g)
             hvps.append(h)
+            reverses.append(rr)
             ratios.append(h / g)
+            reverse_ratios.append(rr / g)
         row = {"case": name, "n": n, "gradient_ms": 1e3 * statistics.median(grads),
                "hvp_ms": 1e3 * statistics.median(hvps), "hvp_over_gradient": statistics.median(ratios),
+               "reverse_over_reverse_ms": 1e3 * statistics.median(reverses),
+               "reverse_over_reverse_over_gradient": statistics.median(reverse_ratios),
+               "hvp_over_reverse_over_reverse": statistics.median(h / rr for h, rr in zip(hvps, reverses, strict=True)),
                "first_gradient_ms": 1e3 * first_grad, "first_hvp_ms": 1e3 * first_hvp,
-               "gradient_peak_bytes": peak_bytes(gradient, device), "hvp_peak_bytes": peak_bytes(product, device)}
+               "gradient_peak_bytes": peak_bytes(gradient, device), "hvp_peak_bytes": peak_bytes(product, device),
+               "reverse_over_reverse_peak_bytes": peak_bytes(product_reverse, device)}
         record["results"].append(row)
-        print(f"{name:<14}{n:>8}{row['gradient_ms']:>13.1f}{row['hvp_ms']:>10.1f}{row['hvp_over_gradient']:>10.2f}",
-              flush=True)
+        print(f"{name:<14}{n:>8}{row['gradient_ms']:>13.1f}{row['hvp_ms']:>10.1f}{row['hvp_over_gradient']:>10.2f}"
+              f"{row['reverse_over_reverse_ms']:>12.1f}{row['reverse_over_reverse_over_gradient']:>10.2f}", flush=True)
+    if device.type != "cuda":
+        record["load_average_1min"]["end"] = os.getloadavg()[0]
     tag = machine if device.type == "cuda" else f"{machine}-{torch.get_num_threads()}threads"
     print(f"wrote {write_record(args.out, 'hvp_cases', tag, record)}")
 

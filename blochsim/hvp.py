@@ -5,17 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 __all__ = ["hvp"]
 
 
 def hvp(cost: Callable, params, v, *, return_gradient: bool = False):
-    """`H v`, H the Hessian of `cost` with respect to `params`, by reverse over reverse mode.
+    """`H v`, H the Hessian of `cost` with respect to `params`, by forward over reverse mode.
 
-    The gradient is taken with its graph kept; differentiating `<gradient, v>` once more runs, through each
-    simulation in the cost, the engine's second-order kernel (the backward of the VJP is the VJP of a JVP
-    along `v`): exact to rounding, no finite differences, at the cost of about one gradient plus one
-    second-order pass.
+    The gradient is taken on dual tensors carrying `v` (`torch.autograd.forward_ad`): the tangent of the
+    gradient is `H v`. Each simulation in the cost runs its forward-mode derivative (JVP) on the way in and,
+    on the way back, the engine's second-order kernel once, which gives its VJP and the VJP's tangent
+    together (the cost's curvature enters as the tangent of the signal's cotangent): exact to rounding, no
+    finite differences, about one JVP and one second-order pass besides the cost's own torch operations
+    (reverse over reverse needs a VJP more, and a VJP for the gradient). Where forward mode cannot run through
+    the cost (an operation without a forward-mode formula, a nested forward-mode level), the cost is
+    evaluated again and differentiated twice in reverse mode, which gives the same product.
 
     Args:
         cost: a callable returning a real tensor of one element: `cost(params)` for a tensor, `cost(*params)`
@@ -39,6 +44,15 @@ def hvp(cost: Callable, params, v, *, return_gradient: bool = False):
             single real number.
         RuntimeError: the Hessian needs a third derivative of an event train.
     """
+    return _hvp(cost, params, v, return_gradient, forward_mode=True)
+
+
+def reverse_over_reverse(cost: Callable, params, v, *, return_gradient: bool = False):
+    """`hvp` by reverse over reverse mode only (its fallback; the benchmarks time it beside `hvp`)."""
+    return _hvp(cost, params, v, return_gradient, forward_mode=False)
+
+
+def _hvp(cost: Callable, params, v, return_gradient: bool, forward_mode: bool):
     names, points, rebuild = _flatten(params, "params")
     _, directions, _ = _flatten(v, "v")
     if len(directions) != len(points):
@@ -54,32 +68,59 @@ def hvp(cost: Callable, params, v, *, return_gradient: bool = False):
             raise ValueError(f"v[{name!r}] has shape {tuple(d.shape)} but params[{name!r}] has {tuple(x.shape)}")
         leaves.append(x.detach().clone().requires_grad_())
         tangents.append(d)
-    with torch.enable_grad():
-        arguments = rebuild(leaves)
-        value = cost(*arguments) if isinstance(arguments, tuple) else cost(**arguments)
-        value = _check_cost(value)
-        grads = torch.autograd.grad(value, leaves, create_graph=True, allow_unused=True)
-        reached = [(g, d) for g, d in zip(grads, tangents, strict=True) if g is not None and g.requires_grad]
-        if reached:
-            inner = sum((g * d).sum() for g, d in reached)
-            try:
-                second = torch.autograd.grad(inner, leaves, allow_unused=True)
-            except RuntimeError as err:
-                if "third" not in str(err):
-                    raise
-                raise RuntimeError(
-                    "hvp: the cost's Hessian is a third derivative of an event train's simulation (its gradient "
-                    "already differentiates a Jacobian or a gradient of the signal); blochsim gives first and "
-                    "second derivatives only. hvp takes costs of signals, and any cost of closed forms") from err
-        else:  # the gradient does not depend on the parameters: the cost is linear in them
-            second = [None] * len(leaves)
-    product = [torch.zeros_like(x) if h is None else h.detach() for x, h in zip(leaves, second, strict=True)]
-    product = _unflatten(rebuild(product))
+    if not forward_mode or fwAD._current_level >= 0:  # forward-mode levels do not nest: the caller's is open
+        value, grads, second = _reverse_over_reverse(cost, leaves, tangents, rebuild)
+    else:
+        try:
+            value, grads, second = _forward_over_reverse(cost, leaves, tangents, rebuild)
+        except (RuntimeError, NotImplementedError):
+            # Forward mode does not run through this cost (or the cost failed): reverse over reverse gives
+            # the same product, or the error that says why there is none.
+            leaves = [x.detach().clone().requires_grad_() for x in leaves]
+            value, grads, second = _reverse_over_reverse(cost, leaves, tangents, rebuild)
+    product = _unflatten(rebuild([torch.zeros_like(x) if h is None else h.detach()
+                                  for x, h in zip(leaves, second, strict=True)]))
     if not return_gradient:
         return product
     gradient = _unflatten(rebuild([torch.zeros_like(x) if g is None else g.detach()
                                    for x, g in zip(leaves, grads, strict=True)]))
     return value.detach(), gradient, product
+
+
+def _call(cost: Callable, arguments):
+    return _check_cost(cost(*arguments) if isinstance(arguments, tuple) else cost(**arguments))
+
+
+def _forward_over_reverse(cost: Callable, leaves: list, tangents: list, rebuild) -> tuple:
+    """(cost, gradient, H v): the reverse pass run on dual tensors; `H v` is the gradient's tangent."""
+    with torch.enable_grad(), fwAD.dual_level():
+        value = _call(cost, rebuild([fwAD.make_dual(x, d) for x, d in zip(leaves, tangents, strict=True)]))
+        grads = torch.autograd.grad(value, leaves, allow_unused=True)
+        value = fwAD.unpack_dual(value).primal
+        duals = [(None, None) if g is None else fwAD.unpack_dual(g) for g in grads]
+    return value, [g for g, _ in duals], [h for _, h in duals]
+
+
+def _reverse_over_reverse(cost: Callable, leaves: list, tangents: list, rebuild) -> tuple:
+    """(cost, gradient, H v): the gradient with its graph, then the gradient of `<gradient, v>` (through each
+    simulation: the backward of its VJP, the second-order kernel, then a VJP for the cost's curvature)."""
+    with torch.enable_grad():
+        value = _call(cost, rebuild(leaves))
+        grads = torch.autograd.grad(value, leaves, create_graph=True, allow_unused=True)
+        reached = [(g, d) for g, d in zip(grads, tangents, strict=True) if g is not None and g.requires_grad]
+        if not reached:  # the gradient does not depend on the parameters: the cost is linear in them
+            return value, grads, [None] * len(leaves)
+        inner = sum((g * d).sum() for g, d in reached)
+        try:
+            second = torch.autograd.grad(inner, leaves, allow_unused=True)
+        except RuntimeError as err:
+            if "third" not in str(err):
+                raise
+            raise RuntimeError(
+                "hvp: the cost's Hessian is a third derivative of an event train's simulation (its gradient "
+                "already differentiates a Jacobian or a gradient of the signal); blochsim gives first and "
+                "second derivatives only. hvp takes costs of signals, and any cost of closed forms") from err
+    return value, grads, second
 
 
 def _check_cost(value) -> torch.Tensor:

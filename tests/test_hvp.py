@@ -137,3 +137,82 @@ def test_errors():
     with pytest.raises(ValueError, match="float tensor"):
         hvp(lambda n: n.sum(), torch.arange(3), torch.ones(3))
     assert math.isfinite(float(hvp(engine_cost, x, v)["TR"]))
+
+
+def _count_kernel_passes(monkeypatch) -> dict:
+    from blochsim.engine import kernels
+
+    counts = {}
+
+    def counting(name, kernel):
+        def counted(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return kernel(*args, **kwargs)
+        return counted
+
+    for name in ("forward", "jvp", "vjp", "vjp_jvp"):
+        monkeypatch.setattr(kernels, name, counting(name, getattr(kernels, name)))
+    return counts
+
+
+def test_a_simulation_cost_runs_one_jvp_and_one_second_order_pass(monkeypatch):
+    """Forward over reverse: the signal's JVP, then one VJP-JVP pass gives the gradient and H v (reverse over
+    reverse ran a VJP for the gradient, the VJP-JVP, and a VJP for the cost's curvature)."""
+    x, v = point()
+    counts = _count_kernel_passes(monkeypatch)
+    got = hvp(engine_cost, x, v)
+    assert counts.get("vjp", 0) == 0 and counts["vjp_jvp"] == 1 and counts["jvp"] == 1, counts
+    expected = double_backward(engine_cost, x, v)
+    for name in x:
+        assert rel_max_err(got[name], expected[name]) < 1e-12, name  # the same derivatives, rounded apart
+
+
+def test_tangents_on_the_signal_or_on_the_events_alone():
+    """A cost linear in the signal (its cotangent has no tangent), and a direction that moves only a factor
+    of the cost outside the simulation (the events have no tangent, the signal's cotangent has)."""
+    x, v = point()
+
+    def linear(flip, TR):
+        return SIM.simulate(flip=flip, TR=TR, T1=T1, T2=T2, dtype=F64).real.sum()
+
+    def scaled(flip, TR, scale):
+        return scale * engine_cost(flip, TR) ** 2
+
+    for cost, at, along in ((linear, x, v), (scaled, {**x, "scale": torch.tensor(0.3, dtype=F64)},
+                                             {"flip": torch.zeros(24, dtype=F64), "TR": torch.tensor(0.0, dtype=F64),
+                                              "scale": torch.tensor(1.0, dtype=F64)})):
+        got, expected = hvp(cost, at, along), double_backward(cost, at, along)
+        for name in at:
+            if not expected[name].any():  # d2/d scale2 of a cost linear in scale
+                assert torch.equal(got[name], expected[name]), name
+            else:
+                assert rel_max_err(got[name], expected[name]) < 1e-12, name  # as above
+
+
+class _NoForwardMode(torch.autograd.Function):
+    """x ** 3 with a backward and no jvp: forward mode cannot run through it."""
+
+    @staticmethod
+    def forward(x):
+        return x**3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * g
+
+
+def test_a_cost_without_forward_mode_gets_its_product_by_reverse_over_reverse():
+    x, v = point()
+
+    def cost(flip, TR):
+        return _NoForwardMode.apply(engine_cost(flip, TR))
+
+    got = hvp(cost, x, v)
+    expected = double_backward(cost, x, v)
+    for name in x:
+        assert rel_max_err(got[name], expected[name]) < 1e-12, name  # the same passes as the reference

@@ -6,6 +6,7 @@
 | `EpgVjp`       | VJP (checkpointed)    | `backward()` of the signal                                 |
 | `EpgJacobian`  | JVP with P tangents   | the signal and its Jacobian along P tissue properties      |
 | (backwards)    | VJP-JVP               | the backward of a gradient (HVP) or of a Jacobian          |
+| `EpgSimulate`  | VJP-JVP               | its backward on dual tensors (forward over reverse)        |
 
 A third derivative raises RuntimeError: the second-order results come out of `_NoThirdOrder`.
 Each Function keeps the execution policy active when it ran (`blochsim._execution`), and its backward runs
@@ -17,6 +18,7 @@ batch (`engine.vmap`; `_NoThirdOrder` only clones, so torch.func generates its r
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _execution
 from .._arrays import transformed
@@ -81,6 +83,34 @@ def _apply(function: type[torch.autograd.Function], *args):
         *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
 
 
+def _dual_backward(ctx, grad_signal, inputs, wanted):
+    """EpgSimulate's backward on dual tensors (forward over reverse, as `blochsim.hvp` runs it; no graph
+    recorded): the VJP and its tangent from one second-order pass, where EpgVjp would run the VJP and then
+    the same second-order pass for its tangent. None when nothing carries a tangent, or under torch.func
+    (its tensors are wrapped; EpgVjp handles them)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return None
+    primals, tangents = [], []
+    for x in inputs:
+        primal, tangent = (None, None) if x is None else fwAD.unpack_dual(x)
+        primals.append(primal)
+        tangents.append(_as_tangent(tangent, primal))
+    cotangent, cotangent_tangent = fwAD.unpack_dual(grad_signal)
+    if cotangent_tangent is None and all(t is None for t in tangents):
+        return None
+    with _execution.applied(ctx.policy):
+        grads, grads_tangent, _ = K.vjp_jvp(ctx.static, primals, tangents, cotangent, cotangent_tangent, wanted,
+                                            signal_tangent=False)
+    out = []
+    for g, h, x, w in zip(grads, grads_tangent, primals, wanted, strict=True):
+        if not w:
+            out.append(None)
+        else:
+            g = g.reshape(x.shape)
+            out.append(g if h is None else fwAD.make_dual(g, h.reshape(x.shape)))
+    return (None, *out)
+
+
 def run_forward(static, inputs) -> torch.Tensor:
     """`EpgSimulate.apply(static, *inputs)`, or the kernel directly when nothing can carry a derivative. While
     a compiled plan is recorded (`blochsim._tracing`), the custom op, which the recording keeps."""
@@ -116,6 +146,10 @@ class EpgSimulate(torch.autograd.Function):
     def backward(ctx, grad_signal):
         inputs = ctx.saved_tensors
         wanted = list(ctx.needs_input_grad[1:])
+        if fwAD._current_level >= 0 and not torch.is_grad_enabled():
+            fused = _dual_backward(ctx, grad_signal, inputs, wanted)
+            if fused is not None:
+                return fused
         with _execution.applied(ctx.policy):
             grads = _apply(EpgVjp, ctx.static, wanted, grad_signal, *inputs)
         grads = iter(grads)
