@@ -109,12 +109,13 @@ class AffineValues:
     on the device of `p` (the map is fitted on the host and moved to another device once).
     """
 
-    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale", "moved", "placed")
+    __slots__ = ("rows", "cols", "coef", "offset", "sizes", "wrapped", "scale", "moved", "placed", "one_block")
 
     def __init__(self, rows, cols, coef, offset, sizes):
         self.rows, self.cols, self.coef, self.offset, self.sizes = rows, cols, coef, offset, tuple(sizes)
         self.wrapped = None  # the offset with its constant last block wrapped, False if that block varies
         self.placed = {}  # device -> (the `wrapped` it was made with, the map's tensors on that device)
+        self.one_block = {}  # (device, dtype, wrap_last) -> what `_one_block` keeps, or False where it does not apply
         # Each protocol entry in order, times one factor (flips in degrees): one index_add, not three ops.
         uniform = coef.numel() > 0 and bool((coef == coef[0]).all())
         in_order = torch.equal(cols, torch.arange(cols.numel(), dtype=cols.dtype))
@@ -172,6 +173,9 @@ class AffineValues:
             last = flat.numel() - self.sizes[-1]
             constant = self.rows.numel() == 0 or bool((self.rows < last).all())
             self.wrapped = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)]) if constant else False
+        blocks = self._one_block(p, dtype, wrap_last)
+        if blocks is not None:
+            return blocks
         rows, cols, coef, flat, wrapped = self._on(p.device)
         if wrap_last and self.wrapped is not False:
             flat = wrapped
@@ -184,6 +188,34 @@ class AffineValues:
                 flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
         blocks = (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
         return tuple(b if moved else b.detach() for b, moved in zip(blocks, self.moved, strict=True))
+
+    def _one_block(self, p: torch.Tensor, dtype: torch.dtype, wrap_last: bool) -> tuple | None:
+        """The blocks at `p` when the protocol moves one block only, each entry of `p` once, in order, by one
+        factor (MRF's flips): that block is its offset plus `scale * p`, and the others are constants, narrowed
+        once per device and dtype and kept. The values of the whole map, in two operations per call instead of
+        four, and with no zero blocks and concatenation in the backward (docs/design.md, small calls). None
+        where it does not apply (a moved last block under `wrap_last` takes the whole map, as before)."""
+        if self.scale is None or p.numel() != self.cols.numel():
+            return None
+        key = (p.device, dtype, wrap_last)
+        kept = self.one_block.get(key)
+        if kept is None:
+            kept = False
+            index = self.moved.index(True) if sum(self.moved) == 1 else None
+            if index is not None and not (wrap_last and index == len(self.sizes) - 1):
+                rows, _, _, flat, wrapped = self._on(p.device)
+                if wrap_last:  # the last block is constant here: wrapped once
+                    flat = wrapped
+                start = sum(self.sizes[:index])
+                constants = (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
+                kept = (index, flat[start:start + self.sizes[index]], rows - start,
+                        tuple(b.detach() for b in constants))
+            self.one_block[key] = kept
+        if kept is False:
+            return None
+        index, offset, rows, constants = kept
+        block = offset.index_add(0, rows, p, alpha=self.scale)
+        return constants[:index] + (block if dtype == torch.float64 else block.to(dtype),) + constants[index + 1:]
 
     def _on(self, device: torch.device) -> tuple:
         """(rows, cols, coef, offset, wrapped) on `device`, moved once per device: a protocol on a GPU is
