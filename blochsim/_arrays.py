@@ -104,7 +104,7 @@ def to_library(result, library: str | None):
 
 def as_number(value):
     """A Python number for a Python or NumPy scalar (or 0-d NumPy/CuPy array), else `value` unchanged."""
-    if isinstance(value, (bool, int, float, complex)):
+    if isinstance(value, (bool, int, float, complex, torch.Tensor)):  # a tensor: without the ABC check below
         return value
     if isinstance(value, numbers.Number):  # NumPy scalars
         return value.item()

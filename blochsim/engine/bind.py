@@ -58,9 +58,9 @@ def event_inputs(program: Program, values: tuple | None, dtype: torch.dtype, dev
             if program.constant:
                 program.bound[key] = hit
         return hit[1]
-    if wrapped:
-        return tuple(v if v.dtype == dtype and v.device == device else v.to(device=device, dtype=dtype)
-                     for v in values)
+    if wrapped:  # a list, not a generator: this runs on every resolved call
+        return tuple([v if v.dtype == dtype and v.device == device else v.to(device=device, dtype=dtype)
+                      for v in values])
     return _narrowed(values, dtype, device)
 
 

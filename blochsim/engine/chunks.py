@@ -245,6 +245,8 @@ class Runner:
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):  # the library launches on the current device's streams
                 self._run(chunk, launch)
+        elif 0 < self.total <= chunk:  # one chunk on the host (every small call): no retry, copy or progress bar
+            self._launch(0, self.total, 0, launch)
         else:
             self._run(chunk, launch)
 

@@ -116,7 +116,7 @@ def run_forward(static, inputs) -> torch.Tensor:
     a compiled plan is recorded (`blochsim._tracing`), the custom op, which the recording keeps."""
     if planning():
         return ops.forward(static, inputs)
-    if transformed() or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
+    if transformed() or (torch.is_grad_enabled() and any([x is not None and x.requires_grad for x in inputs])):
         return _apply(EpgSimulate, static, *inputs)
     return K.forward(static, inputs)
 

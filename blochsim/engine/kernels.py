@@ -303,10 +303,13 @@ class _Placed:
                 query = chunks.scratch_query(device, _PASSES[entry], query_args(st))
                 scratch = query  # (c, stride) -> bytes
             self.chunk = self._plan(st, entry, per_voxel, scratch)
-        moved = {name: None if getattr(st, name) is None else getattr(st, name).to(device)
-                 for name in ("interval", "field_row", "profile_row", "spinor_row")}
-        self.static = st if device == st.device else dataclasses.replace(
-            st, action=st.action.to(device), record=st.record.to(device), device=device, **moved)
+        if device == st.device:
+            self.static = st
+        else:
+            moved = {name: None if getattr(st, name) is None else getattr(st, name).to(device)
+                     for name in ("interval", "field_row", "profile_row", "spinor_row")}
+            self.static = dataclasses.replace(st, action=st.action.to(device), record=st.record.to(device),
+                                              device=device, **moved)
         if self.stride != st.checkpoint_stride:
             self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride)
         self.placed = device == st.device  # inputs used where they are
