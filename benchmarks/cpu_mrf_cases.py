@@ -15,8 +15,9 @@ Cases, with the incumbent's best median on this machine class (2 threads, float3
 and `loss 10k`, torch alone: the gradient case's loss, (x.abs() ** 2).sum() and its backward, on a complex64
 [10k, 500] tensor, so the record shows how much of the gradient is torch's and how much the kernels'. Then
 `hvp 2k` and `hvp 10k`: blochsim.hvp of the gradient case's cost along a fixed random direction in the flips
-(forward, VJP, the second-order pass and one more VJP; issue 24: at most 4 gradients), beside `epg_real_grad`
-at the same tissue counts.
+(forward over reverse: forward and JVP, torch's loss on dual tensors, one second-order pass; issue 24: at most
+4 gradients), and `hvp_rr`, the same product by reverse over reverse (hvp's fallback and its method before:
+forward, VJP, the second-order pass and one more VJP), beside `epg_real_grad` at the same tissue counts.
 
 Every case runs in a worker process per variant (`--library`, repeatable: a kernel build each, or the library
 blochsim finds when none is given), all kept warm; each round times one call of every case on every variant,
@@ -51,7 +52,8 @@ from blochsim._benchmark_cases import CPU_INCUMBENT_MS
 #: (case, tissues): the incumbent's best median on the 2-core machine class, ms per call (issue 20 item 12);
 #: the cases are defined in the package (blochsim._benchmark_cases), shared with `blochsim bench`.
 INCUMBENT_MS = CPU_INCUMBENT_MS
-CASES = [*INCUMBENT_MS, ("loss", 10000), ("epg_real_grad", 2000), ("hvp", 2000), ("hvp", 10000)]
+CASES = [*INCUMBENT_MS, ("loss", 10000), ("epg_real_grad", 2000), ("hvp", 2000), ("hvp", 10000), ("hvp_rr", 2000),
+         ("hvp_rr", 10000)]
 #: Issue 20 item 12's bound on the real cases: at most this fraction of the incumbent's time.
 TARGET = 0.5
 
@@ -69,9 +71,10 @@ def case_fn(name: str, n: int):
             y = x.clone().requires_grad_()
             return torch.autograd.grad((y.abs() ** 2).sum(), y)[0]
         return loss
-    if name == "hvp":
+    if name in ("hvp", "hvp_rr"):
         from blochsim import engine, hvp
         from blochsim._benchmark_cases import STATES, flips_deg, tissue
+        from blochsim.hvp import reverse_over_reverse
         from blochsim.sequence import mrf_description
 
         tissues, base = tissue(n, "cpu", ""), torch.deg2rad(flips_deg(500))
@@ -79,7 +82,8 @@ def case_fn(name: str, n: int):
 
         def cost(flips):
             return (engine.simulate(mrf_description(flips, 0.010), tissues, states=STATES).abs() ** 2).sum()
-        return lambda: hvp(cost, base, direction)
+        product = hvp if name == "hvp" else reverse_over_reverse
+        return lambda: product(cost, base, direction)
     return package_case(name, n, "cpu")
 
 
@@ -231,13 +235,15 @@ def main() -> None:
             print(f"real gradient / forward, variant {v.name}: {ratio:.2f}" +
                   (f" (without torch's loss: {entry['kernels_over_forward']:.2f})" if loss in cases else ""))
     record["hvp_over_gradient"] = {}
-    for n in (2000, 10000):
-        product, grad_n = ("hvp", n), ("epg_real_grad", n)
-        if product in cases and grad_n in cases:
-            for v in variants:
-                ratio = per_round(times[product, v.name], times[grad_n, v.name])
-                record["hvp_over_gradient"].setdefault(v.name, {})[str(n)] = ratio
-                print(f"hvp / gradient at {n}, variant {v.name}: {ratio:.2f}")
+    for method in ("hvp", "hvp_rr"):
+        for n in (2000, 10000):
+            product, grad_n = (method, n), ("epg_real_grad", n)
+            if product in cases and grad_n in cases:
+                for v in variants:
+                    ratio = per_round(times[product, v.name], times[grad_n, v.name])
+                    key = str(n) if method == "hvp" else f"{n} reverse over reverse"
+                    record["hvp_over_gradient"].setdefault(v.name, {})[key] = ratio
+                    print(f"{method} / gradient at {n}, variant {v.name}: {ratio:.2f}")
     path = write_record(args.out, "cpu_mrf_cases", record["machine"], record)
     print(f"wrote {path}")
 

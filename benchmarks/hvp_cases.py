@@ -62,11 +62,14 @@ def case_calls(name: str, n: int, device):
     return gradient, product, product_reverse
 
 
-def timed(fn, device) -> float:
+def timed(fn, device, cpu: dict | None = None) -> float:
+    """Wall seconds of one call; `cpu[fn]` gets its CPU seconds (the process's threads together) appended."""
     sync(device)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     fn()
     sync(device)
+    if cpu is not None:
+        cpu.setdefault(fn, []).append(time.process_time() - started_cpu)
     return time.perf_counter() - started
 
 
@@ -94,10 +97,10 @@ def main() -> None:
         gradient, product, product_reverse = case_calls(name, n, device)
         first_grad, first_hvp = timed(gradient, device), timed(product, device)
         timed(product_reverse, device)
-        grads, hvps, reverses, ratios, reverse_ratios = [], [], [], [], []
+        grads, hvps, reverses, ratios, reverse_ratios, cpu = [], [], [], [], [], {}
         for r in range(args.rounds):
             order = [gradient, product, product_reverse]
-            t = {fn: timed(fn, device) for fn in (order if r % 2 == 0 else order[::-1])}
+            t = {fn: timed(fn, device, cpu) for fn in (order if r % 2 == 0 else order[::-1])}
             g, h, rr = t[gradient], t[product], t[product_reverse]
             grads.append(g)
             hvps.append(h)
@@ -112,9 +115,17 @@ def main() -> None:
                "first_gradient_ms": 1e3 * first_grad, "first_hvp_ms": 1e3 * first_hvp,
                "gradient_peak_bytes": peak_bytes(gradient, device), "hvp_peak_bytes": peak_bytes(product, device),
                "reverse_over_reverse_peak_bytes": peak_bytes(product_reverse, device)}
+        if device.type != "cuda":  # CPU time: immune to waiting for a core on a shared machine, not to caches
+            row["cpu_hvp_over_gradient"] = statistics.median(
+                h / g for h, g in zip(cpu[product], cpu[gradient], strict=True))
+            row["cpu_reverse_over_reverse_over_gradient"] = statistics.median(
+                h / g for h, g in zip(cpu[product_reverse], cpu[gradient], strict=True))
         record["results"].append(row)
         print(f"{name:<14}{n:>8}{row['gradient_ms']:>13.1f}{row['hvp_ms']:>10.1f}{row['hvp_over_gradient']:>10.2f}"
               f"{row['reverse_over_reverse_ms']:>12.1f}{row['reverse_over_reverse_over_gradient']:>10.2f}", flush=True)
+        if "cpu_hvp_over_gradient" in row:
+            print(f"{'':<22}CPU time: hvp/grad {row['cpu_hvp_over_gradient']:.2f}, reverse over reverse/grad "
+                  f"{row['cpu_reverse_over_reverse_over_gradient']:.2f}", flush=True)
     if device.type != "cuda":
         record["load_average_1min"]["end"] = os.getloadavg()[0]
     tag = machine if device.type == "cuda" else f"{machine}-{torch.get_num_threads()}threads"
