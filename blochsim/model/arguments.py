@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cmath
 import math
 from collections.abc import Mapping
 
@@ -41,6 +42,12 @@ def _check_protocol(protocol: dict, structural, *, finite: bool, host_only: bool
             if positive:
                 ok = (t > 0) & (t < math.inf)  # False at NaN
             else:
+                # One reduction and one read decide the usual case (isfinite and all are six ops): a sum is finite
+                # only if every entry is, and not NaN unless an entry is NaN or infinities of both signs meet;
+                # the entry-wise test below then finds the first bad entry, or none (an overflow, say).
+                total = t.sum().item()
+                if cmath.isfinite(total) if finite else not cmath.isnan(total):
+                    continue
                 ok = torch.isfinite(t) if finite else ~torch.isnan(t)
             if bool(ok.all()):
                 continue
