@@ -20,7 +20,9 @@ def hvp(cost: Callable, params, v, *, return_gradient: bool = False):
     finite differences, about one JVP and one second-order pass besides the cost's own torch operations
     (reverse over reverse needs a VJP more, and a VJP for the gradient). Where forward mode cannot run through
     the cost (an operation without a forward-mode formula, a nested forward-mode level), the cost is
-    evaluated again and differentiated twice in reverse mode, which gives the same product.
+    evaluated again and differentiated twice in reverse mode, which gives the same product. The first call in
+    a process pays torch's forward-mode start-up (with torch 2.13 its first dual operation imports
+    torch._dynamo: about 1.5 s on a 2-core host).
 
     Args:
         cost: a callable returning a real tensor of one element: `cost(params)` for a tensor, `cost(*params)`
