@@ -183,9 +183,9 @@ class AffineValues:
             flat = flat.index_add(0, rows, p, alpha=self.scale)
         elif rows.numel():
             flat = flat.index_add(0, rows, coef * p.index_select(0, cols))
-            if wrap_last and self.wrapped is False:
-                last = flat.numel() - self.sizes[-1]
-                flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
+        if wrap_last and self.wrapped is False:  # moved phases, on either path
+            last = flat.numel() - self.sizes[-1]
+            flat = torch.cat([flat[:last], torch.remainder(flat[last:], 2 * math.pi)])
         blocks = (flat if dtype == torch.float64 else flat.to(dtype)).split_with_sizes(self.sizes)
         return tuple(b if moved else b.detach() for b, moved in zip(blocks, self.moved, strict=True))
 
