@@ -216,3 +216,15 @@ def test_a_cost_without_forward_mode_gets_its_product_by_reverse_over_reverse():
     expected = double_backward(cost, x, v)
     for name in x:
         assert rel_max_err(got[name], expected[name]) < 1e-12, name  # the same passes as the reference
+
+
+def test_inside_a_forward_mode_level_of_the_caller():
+    """Forward-mode levels do not nest: inside the caller's, hvp runs reverse over reverse."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, v = point()
+    outside = hvp(engine_cost, x, v)
+    with fwAD.dual_level():
+        inside = hvp(engine_cost, x, v)
+    for name in x:
+        assert rel_max_err(inside[name], outside[name]) < 1e-12, name  # the two modes, rounded apart
