@@ -164,6 +164,34 @@ def test_slice_resolved_chunks_keep_their_positions():
     torch.testing.assert_close(chunked, whole, rtol=0, atol=0)  # each voxel's arithmetic is the same
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_profiles_with_uniform_b1_formed_once_per_launch(dtype):
+    """B1 and its phase the same in every voxel: the value forward forms each profiled pulse's rotation once per
+    (event, position) and every voxel reads it (pulses.hpp pairs_per_launch). Held to the oracle, to the
+    rotations formed per voxel (the same B1 given voxel by voxel), and to itself cut into chunks, some with
+    fewer voxels than positions (formed per voxel there) and each starting at another position."""
+    description = train([0.3, -0.7, 1.2, 0.5])
+    profile = FINE if dtype == F64 else COARSE
+    t1_ms = torch.linspace(500, 1500, 5, dtype=F64)
+    uniform = TissueProperties(t1_ms=t1_ms, t2_ms=60.0, b1=0.9, b1_phase_rad=0.4)
+    per_voxel = TissueProperties(t1_ms=t1_ms, t2_ms=60.0, b1=torch.full((5,), 0.9, dtype=F64),
+                                 b1_phase_rad=torch.full((5,), 0.4, dtype=F64))
+    want = play(description, uniform, states=STATES, repetitions=2, across_slice=FINE).signal
+    got = simulate(description, uniform, states=STATES, repetitions=2, across_slice=profile, dtype=dtype)
+    assert rel_max_err(got, want) < PROFILE_TOL[dtype]  # see the module docstring
+    # The same operations, formed once or per voxel: only the compiler's contraction of them may differ.
+    alike = simulate(description, per_voxel, states=STATES, repetitions=2, across_slice=profile, dtype=dtype)
+    assert rel_max_err(got, alike) < (1e-14 if dtype == F64 else 1e-6)
+    # 21 positions: 105 kernel voxels, cut into chunks of 9 to 64 voxels by these budgets (the byte model of
+    # engine/chunks.py), so chunks of fewer voxels than positions and chunks starting mid-slice both occur.
+    wide = ExactSliceProfile(21, bins=profile.bins)
+    whole = simulate(description, uniform, states=STATES, repetitions=2, across_slice=wide, dtype=dtype)
+    for budget_bytes in (800, 1_500, 3_000):
+        with execution("cpu", budget_bytes=budget_bytes):
+            chunked = simulate(description, uniform, states=STATES, repetitions=2, across_slice=wide, dtype=dtype)
+        assert rel_max_err(chunked, whole) < (1e-14 if dtype == F64 else 1e-6)  # as above
+
+
 def test_effective_flip_past_theta_max_is_refused():
     with pytest.raises(ValueError, match="effective flip .* above the slice profile's theta_max"):
         simulate(spin_echo(ref_flip=3.0), tissue(b1=torch.tensor([1.0, 1.2, 0.9], dtype=F64)), states=STATES,

@@ -22,8 +22,19 @@ template <class N, class S>
 void run_forward(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, const bs_tangents* tg,
                  const bs_tables* tb_tan, int threads, void* signal, void* signal_tangent) {
   using R = typename Num<N>::Real;
-  const Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
+  Problem<R> pb = make_problem<R>(pg, ts, tg, tb, tb_tan);
   const int64_t V = ts.num_voxels, nblocks = (V + kVoxelsPerBlock - 1) / kVoxelsPerBlock;
+  // The value forward's profiled pulses, once per (event, position) (pulses.hpp pairs_per_launch).
+  std::vector<R> pairs;
+  if constexpr (std::is_same<N, R>::value && !std::is_same<S, N>::value) {
+    if (pairs_per_launch(pb, V)) {
+      pairs.resize(static_cast<size_t>(pulse_pair_count(pb) * kPairReals));
+      parallel_for(pb.E, threads, [&](int64_t e, int) {
+        for (int64_t p = 0; p < pb.num_positions; ++p) decode_pulse_pair(pb, e, p, pairs.data());
+      });
+      pb.pulse_pairs = pairs.data();
+    }
+  }
   CallScratch scratch(sizeof(S) * 2 * state_size(pb));  // the state and forward_voxel's second
   parallel_for(nblocks, threads, [&](int64_t b, int worker) {
     S* work = reinterpret_cast<S*>(scratch.get(worker));

@@ -200,11 +200,20 @@ __device__ __forceinline__ void decode_chunk(const Problem<R>& pb, int64_t i0, B
   __syncthreads();
 }
 
-// Decode and fold the train once for a launch: a block of kBlockEvents threads per chunk.
+// Decode and fold the train once for a launch: a block of kBlockEvents threads per chunk. With `pulse_pairs`
+// (pb.pulse_pairs, pulses.hpp pairs_per_launch) every thread of the grid, which may hold blocks past the
+// chunks, also forms its share of the profiled pulses' rotations, a row per (event, position).
 template <class N, class S, class R>
-__global__ void __launch_bounds__(kBlockEvents) decode_events_kernel(const Problem<R> pb, BlockEvent<N>* table) {
+__global__ void __launch_bounds__(kBlockEvents)
+    decode_events_kernel(const Problem<R> pb, BlockEvent<N>* table, R* pulse_pairs) {
   __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
   __shared__ int folded;
+  if (pulse_pairs) {
+    const int64_t threads = int64_t(gridDim.x) * blockDim.x, rows = pulse_pair_count(pb);
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows; i += threads)
+      decode_pulse_pair(pb, i / pb.num_positions, i % pb.num_positions, pulse_pairs);
+  }
+  if (int64_t(blockIdx.x) >= event_chunks(pb)) return;  // (the whole block)
   BlockEvent<N>* const chunk = reinterpret_cast<BlockEvent<N>*>(raw);
   const int64_t i0 = int64_t(blockIdx.x) * kBlockEvents;
   decode_chunk<N, S>(pb, i0, chunk, folded);

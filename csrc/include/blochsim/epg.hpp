@@ -88,6 +88,10 @@ struct Problem {
   int64_t num_positions = 1, voxel_offset = 0, profile_bins = 0;
   double profile_theta_max = 0;
   Input<R> table_field, table_spinor, table_profile;
+  // The value forwards' profiled pulses with B1 and its phase uniform over the voxels (pairs_per_launch):
+  // each event's rotation at each slice position, [E, P, kPairReals], formed once per launch
+  // (pulses.hpp decode_pulse_pair) and read by every voxel at that position; null: formed per voxel.
+  const R* pulse_pairs = nullptr;
   // The CUDA library's value forwards: the train's events decoded and folded once per launch, in device
   // memory (epg_device.cuh decode_events_kernel); null: each block decodes its own.
   const void* events = nullptr;
@@ -97,6 +101,7 @@ struct Problem {
 template <class N>
 struct Voxel {
   N t1_ms, t2_ms, r1, r2, m0, b1, b1phase, b0, inv, D, v;
+  int64_t position = 0;  // slice position (profiled pulses): (v + voxel_offset) % P, taken once per voxel
 };
 
 template <class N>
@@ -127,6 +132,7 @@ BS_HD Voxel<N> load_voxel(const Problem<R>& pb, int64_t v) {
   t.inv = fetch<N>(pb.tissue[BS_INVERSION_EFFICIENCY], v);
   t.D = fetch<N>(pb.tissue[BS_DIFFUSION_UM2_PER_MS], v);
   t.v = fetch<N>(pb.tissue[BS_VELOCITY_M_PER_S], v);
+  if (pb.num_positions > 1) t.position = (v + pb.voxel_offset) % pb.num_positions;
   return t;
 }
 

@@ -108,8 +108,20 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
     auto* const table =
         reinterpret_cast<BlockEvent<N>*>(static_cast<char*>(scratch) + forward_state_bytes<N, S>(pb, V));
     const int64_t chunks = event_chunks(pb);
+    // With the profiled pulses' rotations (pulses.hpp pairs_per_launch), blocks enough that each thread
+    // forms a few of them.
+    R* pairs = nullptr;
+    int64_t blocks = chunks;
+    if (forward_pairs<N, S>(pb, V)) {
+      pairs = reinterpret_cast<R*>(static_cast<char*>(scratch) + pulse_pairs_offset<N, S>(pb, V));
+      pb.pulse_pairs = pairs;
+      const int64_t per_block = kPairsPerThread * kBlockEvents;
+      const int64_t pair_blocks = (pulse_pair_count(pb) + per_block - 1) / per_block;
+      blocks = pair_blocks > blocks ? pair_blocks : blocks;
+    }
     if (chunks > 0)  // a block of kBlockEvents threads per chunk
-      launcher.start(DecodeEvents<N, S>(), LaunchShape{static_cast<unsigned>(chunks), kBlockEvents, 0}, pb, table);
+      launcher.start(DecodeEvents<N, S>(), LaunchShape{static_cast<unsigned>(blocks), kBlockEvents, 0}, pb, table,
+                     pairs);
     if (chunks > 1)  // a thread per boundary between chunks
       launcher.start(JoinChunks<N>(), LaunchShape{static_cast<unsigned>((chunks - 1 + 127) / 128), 128, 0}, table,
                      chunks);

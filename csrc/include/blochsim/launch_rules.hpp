@@ -142,10 +142,25 @@ inline int64_t forward_state_bytes(const Problem<R>& pb, int64_t V, bool warp_ke
   const int64_t bytes = int64_t(sizeof(S)) * padded_voxels(V) * device_scratch_per_voxel(pb, false, registers_layout<N>(pb) > 0);
   return (bytes + 255) / 256 * 256;
 }
-// The states, then (the library with the warp kernels, value forwards) the decoded events.
+// Whether a forward launch forms its profiled pulses' rotations once (pulses.hpp pairs_per_launch): the value
+// forward of the library with the warp kernels (decode_events_kernel forms them).
+template <class N, class S, class R>
+inline bool forward_pairs(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  return warp_kernels && std::is_same<N, R>::value && !std::is_same<S, N>::value && pairs_per_launch(pb, V);
+}
+constexpr int64_t kPairsPerThread = 4;  // of decode_events_kernel: its grid spans them
+// Where they start: after the states and the decoded events, 256-byte aligned.
+template <class N, class S, class R>
+inline int64_t pulse_pairs_offset(const Problem<R>& pb, int64_t V) {
+  return forward_state_bytes<N, S>(pb, V) + (event_table_bytes<N>(pb) + 255) / 256 * 256;
+}
+// The states, then (the library with the warp kernels, value forwards) the decoded events and the pulses'
+// rotations.
 template <class N, class S, class R>
 inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   const bool table = warp_kernels && Num<N>::P == 0;
+  if (forward_pairs<N, S>(pb, V, warp_kernels))
+    return pulse_pairs_offset<N, S>(pb, V) + int64_t(sizeof(R)) * kPairReals * pulse_pair_count(pb);
   return forward_state_bytes<N, S>(pb, V, warp_kernels) + (table ? event_table_bytes<N>(pb) : 0);
 }
 

@@ -54,13 +54,12 @@ struct Spinor {
   Cx<N> a, b;
 };
 
-// The profile of row d at voxel v's position and effective flip theta (>= 0, <= theta_max: the engine checks),
+// The profile of row d at slice position p and effective flip theta (>= 0, <= theta_max: the engine checks),
 // and its derivative along theta in `d_theta`.
 template <class N, class R>
-BS_HD Spinor<N> profile_spinor(const Problem<R>& pb, int64_t v, int64_t d, const N& theta, Spinor<N>& d_theta) {
+BS_HD Spinor<N> profile_spinor(const Problem<R>& pb, int64_t p, int64_t d, const N& theta, Spinor<N>& d_theta) {
   const int64_t bins = pb.profile_bins;
   const R h = R(pb.profile_theta_max / double(bins - 1));
-  const int64_t p = (v + pb.voxel_offset) % pb.num_positions;
   int64_t j = int64_t(value_of(theta) / h);
   j = j < 0 ? 0 : j > bins - 2 ? bins - 2 : j;
   const N s = (theta - R(j) * h) / h;
@@ -81,10 +80,12 @@ BS_HD Spinor<N> profile_spinor(const Problem<R>& pb, int64_t v, int64_t d, const
   return Spinor<N>{Cx<N>(value[0], value[1]), Cx<N>(value[2], value[3])};
 }
 
-// The pair (at phase 0) of event e in voxel v and, for a profile, its derivative along the signed effective flip
-// alpha (zero for a spinor row, whose pair depends on the flip through the table: the engine's autograd).
+// The pair (at phase 0) of event e in voxel v at slice position p and, for a profile, its derivative along the
+// signed effective flip alpha (zero for a spinor row, whose pair depends on the flip through the table: the
+// engine's autograd).
 template <class N, class R>
-BS_HD Spinor<N> pulse_spinor(const Problem<R>& pb, int64_t v, int64_t e, const N& alpha, Spinor<N>& d_alpha) {
+BS_HD Spinor<N> pulse_spinor(const Problem<R>& pb, int64_t v, int64_t p, int64_t e, const N& alpha,
+                             Spinor<N>& d_alpha) {
   const int32_t s = row_of(pb.spinor_row, e);
   if (s >= 0) {
     d_alpha = Spinor<N>{};
@@ -95,7 +96,7 @@ BS_HD Spinor<N> pulse_spinor(const Problem<R>& pb, int64_t v, int64_t e, const N
   using RR = typename Num<N>::Real;
   const bool negative = value_of(alpha) < RR(0);  // |alpha| at phi + pi: b -> -b
   Spinor<N> d;
-  Spinor<N> q = profile_spinor(pb, v, row_of(pb.profile_row, e), negative ? -alpha : alpha, d);
+  Spinor<N> q = profile_spinor(pb, p, row_of(pb.profile_row, e), negative ? -alpha : alpha, d);
   if (negative) {
     q.b = -q.b;
     d.a = -d.a;  // d a(|alpha|) / d alpha = -a'; d (-b(|alpha|)) / d alpha = +b'
@@ -145,16 +146,86 @@ BS_HD void rotate_general_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, c
   }
 }
 
-// The pair's rotation of every water-like pool of x (forward).
+// ---- the rotations formed once per launch ---------------------------------------------------------------
+// A profiled pulse's rotation depends on the voxel through its slice position alone where B1 and its phase
+// are the same in every voxel (the tissue's B1 and B1 phase of stride 0, the event without a field row), so
+// the value forwards form it once per (event, position) (decode_pulse_pair: the host's forward before its
+// voxels, the CUDA library's decode_events_kernel) and each voxel reads it: per voxel and event that saves
+// the Hermite read and the phase's sine and cosine (docs/design.md, slice profiles, for the timings).
+// Adjoints and tangent types form theirs per voxel (they need the derivatives along the flip).
+constexpr int kPairReals = 12;  // A, B, C, D (re, im), E, three unused: 16-byte aligned rows for the device
+
+template <class R>
+BS_HD int64_t pulse_pair_count(const Problem<R>& pb) {  // rows of pb.pulse_pairs
+  return pb.E * pb.num_positions;
+}
+// Whether a value forward of V voxels forms them once: B1 and its phase uniform, a voxel or more per position
+// (with fewer, forming every position's costs more than forming each voxel's), and the rows within 4 Mi
+// reals or the signal the call writes (a long train of few samples at many positions would otherwise take
+// more memory for them than for its results).
+template <class R>
+BS_HD bool pairs_per_launch(const Problem<R>& pb, int64_t V) {
+  const Input<R>& b1 = pb.tissue[BS_B1];
+  const Input<R>& phase = pb.tissue[BS_B1_PHASE_RAD];
+  const int64_t reals = pulse_pair_count(pb) * kPairReals, signal = 2 * V * pb.S;
+  return pb.profile_row && (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0) &&
+         V >= pb.num_positions && (reals <= (int64_t(1) << 22) || reals <= signal);
+}
+// Whether event e reads its rotation from pb.pulse_pairs (a profile row, not a spinor or field row).
+template <class R>
+BS_HD bool launch_pair(const Problem<R>& pb, int64_t e) {
+  return pb.pulse_pairs && row_of(pb.profile_row, e) >= 0 && row_of(pb.spinor_row, e) < 0 &&
+         row_of(pb.field_row, e) < 0;
+}
+// Row (e, p) of pb.pulse_pairs into `pairs` (events that launch_pair would not read: left as they are).
+template <class R>
+BS_HD void decode_pulse_pair(const Problem<R>& pb, int64_t e, int64_t p, R* pairs) {
+  if (row_of(pb.profile_row, e) < 0 || row_of(pb.spinor_row, e) >= 0 || row_of(pb.field_row, e) >= 0) return;
+  const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
+  Spinor<R> d;
+  Spinor<R> q = pulse_spinor(pb, 0, p, e, fetch<R>(pb.flip, e) * b1, d);
+  q.b = q.b * cis(-(fetch<R>(pb.phase, e) + b1phase));
+  const GeneralRotation<R> r = general_rotation(q);
+  const R row[kPairReals] = {r.A.re, r.A.im, r.B.re, r.B.im, r.C.re, r.C.im, r.D.re, r.D.im, r.E, R(0), R(0), R(0)};
+  R* const out = pairs + (e * pb.num_positions + p) * kPairReals;
+  for (int i = 0; i < kPairReals; ++i) out[i] = row[i];
+}
+template <class R>
+BS_HD GeneralRotation<R> read_pulse_pair(const Problem<R>& pb, int64_t e, int64_t p) {
+  const R* const row = pb.pulse_pairs + (e * pb.num_positions + p) * kPairReals;
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same<R, float>::value) {  // A..D in two 16-byte loads
+    const float4 a = reinterpret_cast<const float4*>(row)[0], b = reinterpret_cast<const float4*>(row)[1];
+    const float E = row[8];
+    return GeneralRotation<R>{Cx<R>(a.x, a.y), Cx<R>(a.z, a.w), Cx<R>(b.x, b.y), Cx<R>(b.z, b.w), E};
+  } else
+#endif
+  {
+    return GeneralRotation<R>{Cx<R>(row[0], row[1]), Cx<R>(row[2], row[3]), Cx<R>(row[4], row[5]),
+                              Cx<R>(row[6], row[7]), row[8]};
+  }
+}
+
+// The pair's rotation of every water-like pool of x (forward), voxel v at slice position p.
 template <class N, class S, class R>
-BS_HD void rotate_by_spinor(const Problem<R>& pb, int64_t v, int64_t e, const N& alpha, const N& phi, State<S> x,
-                            int64_t K) {
+BS_HD void rotate_by_spinor(const Problem<R>& pb, int64_t v, int64_t p, int64_t e, const N& alpha, const N& phi,
+                            State<S> x, int64_t K) {
   if constexpr (!std::is_same<S, N>::value) {
-    Spinor<N> d;
-    Spinor<N> q = pulse_spinor(pb, v, e, alpha, d);
-    q.b = q.b * cis(-phi);
-    const GeneralRotation<N> r = general_rotation(q);
-    for (int p = 0; p < x.nt; ++p) rotate_general(x.water(p), K, r);
+    GeneralRotation<N> r;
+    bool formed = false;
+    if constexpr (std::is_same<N, R>::value) {  // a value forward
+      if (launch_pair(pb, e)) {
+        r = read_pulse_pair(pb, e, p);
+        formed = true;
+      }
+    }
+    if (!formed) {
+      Spinor<N> d;
+      Spinor<N> q = pulse_spinor(pb, v, p, e, alpha, d);
+      q.b = q.b * cis(-phi);
+      r = general_rotation(q);
+    }
+    for (int i = 0; i < x.nt; ++i) rotate_general(x.water(i), K, r);
   }
 }
 
@@ -166,7 +237,7 @@ BS_HD void rotate_by_spinor_adjoint(const Problem<R>& pb, int64_t v, int64_t e, 
   if constexpr (!std::is_same<S, N>::value) {
     using RR = typename Num<N>::Real;
     Spinor<N> d;
-    const Spinor<N> q0 = pulse_spinor(pb, v, e, alpha, d);
+    const Spinor<N> q0 = pulse_spinor(pb, v, (v + pb.voxel_offset) % pb.num_positions, e, alpha, d);
     const Cx<N> turn = cis(-phi);
     const Spinor<N> q{q0.a, q0.b * turn};
     const GeneralRotation<N> r = general_rotation(q);
