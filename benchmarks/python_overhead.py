@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from _records import write_record
 
+from blochsim._benchmark_cases import python_calls
 from blochsim.engine import bind, compile_program, kernels
 from blochsim.engine.functions import EpgSimulate
 from blochsim.engine.tissue import pack_tissue
@@ -58,23 +59,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def python_calls(fn) -> int:
-    """The Python function calls made while fn() runs (in this thread)."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        if event == "call":
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 def small_call_cases(package: str, T1, T2, repeats: int) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -23,7 +24,7 @@ from . import engine
 from .sequence import TissueProperties, mrf_description
 
 __all__ = ["STATES", "POOLS", "INCUMBENT_MS", "CPU_INCUMBENT_MS", "DEFAULT_CASES", "flips_deg", "relaxation_maps",
-           "tissue", "case_train", "is_case", "case_fn", "sync", "measure", "select_cases"]
+           "tissue", "case_train", "is_case", "case_fn", "sync", "measure", "python_calls", "select_cases"]
 
 #: EPG orders of every case.
 STATES = 32
@@ -150,6 +151,23 @@ def peak_bytes(fn, device) -> int | None:
     fn()
     sync(device)
     return torch.cuda.max_memory_allocated()
+
+
+def python_calls(fn) -> int:
+    """The Python function calls made while fn() runs (in this thread)."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
 
 
 def measure(fn, device, repeats: int, warm: int = 1):

@@ -10,30 +10,12 @@ machine or its load.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
+from blochsim._benchmark_cases import python_calls
 from blochsim.simulators import MRFSimulator
 
 FLIPS = 50
-
-
-def python_calls(fn) -> int:
-    """The Python function calls made while fn() runs (in this thread)."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        if event == "call":
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 def design_loop_step(sim, t1, t2, backward: bool):
