@@ -21,14 +21,18 @@ from __future__ import annotations
 import cmath
 import functools
 import math
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
+import blochsim
 from blochsim._reference import play
 from blochsim.sequence import (
     AdcRole,
@@ -160,6 +164,23 @@ CUDA_REASON = "needs an NVIDIA GPU and a blochsim CUDA build (BLOCHSIM_CUDA_LIBR
 
 
 @functools.cache
+def rank_environment(world: int | None = None, **extra) -> dict:
+    """The environment of a worker process a test starts (torch.distributed ranks, torchrun): the blochsim under
+    test first on the path, one thread a process (two ranks share the 2-core CI machine), and with `world` a
+    rendezvous on a free loopback port for that many ranks."""
+    root = Path(blochsim.__file__).resolve().parents[1]  # where the blochsim under test is imported from
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = env["BLOCHSIM_NUM_THREADS"] = "1"
+    if world is not None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    env.update(extra)
+    return env
+
+
 def cuda_ready() -> bool:
     """A CUDA device is visible and blochsim's CUDA library loads (asked once, when a `cuda` test is collected)."""
     if not torch.cuda.is_available():

@@ -11,9 +11,7 @@ checksums, `shard_of`, and a group of one.
 from __future__ import annotations
 
 import datetime
-import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -21,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import rank_environment
 
 import blochsim
 from blochsim import _collectives, _distributed, _sharding
@@ -35,23 +34,9 @@ pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
                                 reason="torch.distributed with gloo is not available")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _environment(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
-    env.update(extra)
-    return env
-
-
 def _ranks(case: str, world: int = 2, **extra) -> list:
     """Run `_distributed_workers.py case` on `world` gloo ranks; [(return code, output)] in rank order."""
-    env = _environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world), **extra)
+    env = rank_environment(world, **extra)
     procs = [subprocess.Popen([sys.executable, str(WORKERS), case], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     out = []
@@ -87,7 +72,7 @@ def test_torchrun_example_writes_the_whole_dictionary(tmp_path):
     out = tmp_path / "dictionary.npy"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", "2", str(EXAMPLE), "--tissues", "301", "--repetitions", "40", "--out", str(out)]
-    done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(command, env=rank_environment(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     signals = np.load(out)
     parameters = np.load(tmp_path / "dictionary-parameters.npy")

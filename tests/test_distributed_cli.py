@@ -10,9 +10,7 @@ their process ids.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed as dist
+from conftest import rank_environment
 
 import blochsim
 from blochsim.cli import main
@@ -39,23 +38,9 @@ LARGE = ["dictionary", "mrf", "-p", "flip=5:60:200", "-p", "TR=10", "-p", "phase
          "--random", "4800", "--range", "T1=200:3000:log", "--range", "T2=10:300:log", "--chunk-size", "100"]
 
 
-def _environment(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = env["BLOCHSIM_NUM_THREADS"] = "1"  # two ranks on two cores
-    env.update(extra)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_ranks(argv: list, world: int = 2) -> list:
     """`python -m blochsim ARGV` on `world` ranks, in the environment torchrun gives them."""
-    env = _environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
+    env = rank_environment(world)
     return [subprocess.Popen([sys.executable, "-m", "blochsim", *map(str, argv)], cwd=ROOT,
                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
@@ -95,7 +80,7 @@ def test_torchrun_dictionary_equals_one_process(capsys, tmp_path):
     out = tmp_path / "ranks.npz"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", "2", "-m", "blochsim", *SMALL, "-o", str(out)]
-    done = subprocess.run(command, env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=rank_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "5 of 5 chunks computed by 2 processes" in done.stdout, done.stdout
     assert not (tmp_path / "ranks.npz.parts").exists()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_max_err
+from conftest import rank_environment, rel_max_err
 from test_distributed import _ranks
 from test_distributed_devices import PhaseCycled
 
@@ -124,13 +124,13 @@ def test_torchrun_dictionary_one_card_per_process(capsys, tmp_path):
     import subprocess
     import sys
 
-    from test_distributed_cli import ROOT, SMALL, _environment, _load, _one_process
+    from test_distributed_cli import ROOT, SMALL, _load, _one_process
 
     argv = [*SMALL, "--device", "cuda"]
     out = tmp_path / "cards.npz"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", "2", "-m", "blochsim", *argv, "-o", str(out)]
-    done = subprocess.run(command, env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=rank_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "5 of 5 chunks computed by 2 processes" in done.stdout, done.stdout
     got, want = _load(out), _one_process(capsys, argv, tmp_path / "one.npz")

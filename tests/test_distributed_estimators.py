@@ -10,14 +10,13 @@ noisy fit (the same model on every rank); and the refusals (PERK `rank=`, traini
 
 from __future__ import annotations
 
-import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch.distributed as dist
+from conftest import rank_environment
 
 import blochsim
 
@@ -29,15 +28,8 @@ pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
                                 reason="torch.distributed with gloo is not available")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_estimators_on_two_ranks_agree_with_one_process():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    env = rank_environment(2)
     procs = [subprocess.Popen([sys.executable, str(WORKERS), "estimators"], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     for rank, p in enumerate(procs):
