@@ -21,6 +21,7 @@ import torch
 from conftest import carried_train, column_rel_err, folding_train, rel_max_err, shot_train
 
 from blochsim import engine
+from blochsim._reference import play
 from blochsim.engine.bind import kernel_inputs
 from blochsim.engine.functions import EpgSimulate
 from blochsim.engine.program import compile_program
@@ -61,10 +62,11 @@ def tissue(device, pools="free", n=300, b0=False):
 CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, True) for states in (10, 32, 40)
          if not (pools != "free" and states == 32)]
 # Forward, JVP and the adjoints launch a warp per voxel (orders across lanes; 40 orders: two per lane) or a
-# thread per voxel, and the value forward a group of 4 or 8 lanes per voxel (launch_rules.hpp); all are held
-# to the host. The pool layouts here have their pool counts compiled (launch_rules.hpp with_fixed_pools:
-# mt (1, 2), poolb (2, 2), poolb+mt (2, 3), five (4, 5)) in groups of 4 and the warp's float adjoint at up
-# to 32 orders; groups of 8, the 32-lane forward and 40 orders take the run-time pool counts.
+# thread per voxel, and the value forward and the pool-model-0 adjoints (up to 32 orders) a group of 4 or 8
+# lanes per voxel (launch_rules.hpp forward_lanes, adjoint_lanes); all are held to the host. The pool layouts
+# here have their pool counts compiled (launch_rules.hpp with_fixed_pools: mt (1, 2), poolb (2, 2), poolb+mt
+# (2, 3), five (4, 5)) in groups of 4 and the warp's float adjoint at up to 32 orders; groups of 8, the
+# 32-lane forward and 40 orders take the run-time pool counts.
 MAPPINGS = ("warp", "thread", "lanes4", "lanes8")
 
 
@@ -260,9 +262,99 @@ def test_sanitizer_case():
         try:
             for pools in POOLS:
                 test_forward_matches_host(pools, True, 10, mapping)
-                if mapping in ("warp", "thread"):  # groups of lanes serve the value forward only
+                # Groups of lanes serve the value forward and the adjoints of pool model 0 (others: a thread).
+                if mapping in ("warp", "thread") or pools == "free":
                     test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
             if mapping == "thread":  # the real register kernel (32 orders): its samples staged, per warp and not
                 test_staged_samples_match_host(131, mapping)
         finally:
             del os.environ["BLOCHSIM_CUDA_MAPPING"]
+
+
+# ---- the adjoints in groups of lanes, against the float64 oracle -----------------------------------------
+# BLOCHSIM_CUDA_MAPPING=lanes8|lanes4 forces the adjoints (VJP; VJP-JVP, the double backward) of pool model 0
+# into groups of 8 or 4 lanes per voxel (vjp_warp_kernel with 4 or 8 orders a lane, 4 or 8 voxels a warp).
+# 13 voxels: the last warp holds a voxel or five past the end (padding groups replay the last voxel and must
+# write nothing, nor add to the event gradients); 20 orders: the lanes past order 19 hold no state.
+GROUP_VOXELS = 13
+GROUP_CARD = "cuda"  # (the bodies pass on the host with "cpu": the same float32 budget)
+GROUP_EVENTS = ("flips", "tr_s", "phases")
+
+
+def group_inputs(path: str) -> dict:
+    """Float64 values of a small MRF problem: 24 flips, the TR, RF phases (complex path), and per voxel T1, T2,
+    B1 and M0 (and the B1 phase on the complex path; B0 is left out: a FISP train is blind to it)."""
+    j = torch.arange(24, dtype=torch.float64)
+    v = torch.linspace(0, 1, GROUP_VOXELS, dtype=torch.float64)
+    x = {"flips": torch.deg2rad(10 + 50 * torch.sin(j / 7).abs()), "tr_s": torch.tensor(0.01, dtype=torch.float64),
+         "t1_ms": 400 + 1600 * v, "t2_ms": 30 + 120 * v.flip(0), "b1": 0.8 + 0.35 * v, "m0": 0.7 + 0.6 * v}
+    if path == "complex":
+        x["phases"] = 0.3 * torch.sin(1.3 * j)
+        x["b1_phase_rad"] = -0.3 + 0.7 * v
+    return x
+
+
+def group_signal(x: dict, path: str, states: int, device: str | None) -> torch.Tensor:
+    """The signal of `x`: on the float64 oracle (device None) or the engine on `device` (float32)."""
+    d = mrf_description(x["flips"], x["tr_s"], phases_rad=x.get("phases", 0))
+    fields = {k: v for k, v in x.items() if k not in GROUP_EVENTS}
+    if device is None:
+        return play(d, TissueProperties(**fields), states=states).signal
+    t = TissueProperties(**{k: v.to(device, torch.float32) for k, v in fields.items()})
+    return engine.simulate(d, t, states=states, path=path)
+
+
+def group_leaves(x: dict) -> dict:
+    return {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+
+
+def group_cotangent(shape) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    return torch.complex(torch.randn(shape, dtype=torch.float64, generator=g),
+                         torch.randn(shape, dtype=torch.float64, generator=g))
+
+
+@pytest.mark.parametrize("path", ("real", "complex"))
+@pytest.mark.parametrize("states", (20, 32))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4"))
+def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
+    """The VJP in groups of lanes: d Re<w, signal> / d (flips, TR, phases, T1, T2, B1, M0, B1 phase) at 13 voxels,
+    20 and 32 orders, against the float64 oracle."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
+    x = group_inputs(path)
+    w = group_cotangent((GROUP_VOXELS, 24))
+    got, want = {}, {}
+    for device, out in ((GROUP_CARD, got), (None, want)):
+        leaf = group_leaves(x)
+        signal = group_signal(leaf, path, states, device)
+        cost = (w.to(signal.device, signal.dtype).conj() * signal).real.sum()
+        out.update(zip(leaf, torch.autograd.grad(cost, list(leaf.values())), strict=True))
+    for name in x:
+        # float32 first derivatives: 1e-4 of the largest entry (the module docstring; a sum over events of
+        # products of states and adjoint states, each with float32 round-off, that cancels)
+        assert rel_max_err(got[name], want[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("path", ("real", "complex"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4"))
+def test_group_second_order_adjoints_match_the_oracle(group, path, monkeypatch):
+    """The VJP-JVP in groups of lanes (the backward of the VJP: a Hessian-vector product by double backward of
+    sum |signal - target|^2) over event values and tissue at once, 13 voxels, 20 orders, against the oracle."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
+    x = group_inputs(path)
+    target = 0.1 * group_cotangent((GROUP_VOXELS, 24))
+    g = torch.Generator().manual_seed(5)
+    direction = {k: 0.1 * (float(v.abs().mean()) or 1.0) * torch.randn(v.shape, dtype=torch.float64, generator=g)
+                 for k, v in x.items()}  # each input moved by a tenth of its size, so none hides below another
+    got, want = {}, {}
+    for device, out in ((GROUP_CARD, got), (None, want)):
+        leaf = group_leaves(x)
+        signal = group_signal(leaf, path, 20, device)
+        loss = (signal - target.to(signal.device, signal.dtype)).abs().pow(2).sum()
+        first = torch.autograd.grad(loss, list(leaf.values()), create_graph=True)
+        gv = sum((gi * direction[k].to(gi.device, gi.dtype)).sum() for gi, k in zip(first, leaf, strict=True))
+        out.update(zip(leaf, torch.autograd.grad(gv, list(leaf.values())), strict=True))
+    for name in x:
+        # float32 second derivatives: 1e-3 of the largest entry (the module docstring: one more cancelling sum
+        # of products than a first derivative)
+        assert rel_max_err(got[name], want[name]) < 1e-3, name

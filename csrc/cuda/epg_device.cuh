@@ -20,12 +20,16 @@
 namespace bs {
 
 // Warp-wide operations on a float, applied to every float of a number (value and tangents, re and im).
-struct WarpSum {
+// The sum over an aligned group of LANES lanes (the whole warp at 32): the xor partners below LANES stay in
+// the group, so a warp of groups sums each of its voxels at once.
+template <int LANES>
+struct LanesSum {
   __device__ float operator()(float x) const {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    for (int o = LANES / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
   }
 };
+using WarpSum = LanesSum<32>;
 struct FromLaneBelow {  // lane l gets lane l - 1's value (lane 0 of each group of `width` its own)
   int width = 32;
   __device__ float operator()(float x) const { return __shfl_up_sync(0xffffffffu, x, 1, width); }
@@ -53,14 +57,19 @@ __device__ __forceinline__ N warp_sum(N x) {
   return each_float(x, WarpSum{});
 }
 
-// Event-value gradients: each warp reduces its voxels' terms and adds them with one atomic.
+// Event-value gradients: each warp reduces its voxels' terms and adds them with one atomic. A warp holds one
+// voxel (32 lanes), a group's 4 or 8 voxels, or 32 voxels (a thread each): the warp's sum is theirs alike.
 template <class N>
 struct DeviceEventGrad {
   using R = typename Num<N>::Real;
   R* out[4];      // dt [E], flip [E], phase [E], dt_wrap [1]
   R* out_tan[4];  // the same, tangents (second-order adjoint), or null
-  bool active;    // false for the padding threads of the last warp
+  bool active;    // false for the padding threads (or groups of lanes) of the last warp
   __device__ void add(int kind, int64_t e, const N& x) const {
+    // Gradients not asked for cost no reduction (the same on every lane: the warp skips it together).
+    bool wanted = out[kind] != nullptr;
+    if constexpr (Num<N>::P > 0) wanted = wanted || out_tan[kind] != nullptr;
+    if (!wanted) return;
     const N y = warp_sum(active ? x : N(0));
     if ((threadIdx.x & 31) != 0) return;
     const int64_t i = kind == kGradDtWrap ? 0 : e;
@@ -594,8 +603,9 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
 // one order between neighbouring lanes with a shuffle. Forward and JVP (N a Dual) for every layout; the
 // adjoints (VJP, and VJP-JVP with N a Dual) for pool model 0, each lane keeping its own checkpoints.
 // F+(k) -> F+(k+1), F-(k) -> F-(k-1) across the warp; orders >= K drop out; new F+(0) = conj(new F-(0)).
-// A voxel may also take a group of `lanes` (4, 8: a forward with several orders per lane, see
-// forward_warp_kernel); lane is then the lane within the group.
+// A voxel may also take a group of `lanes` (4, 8: the value forward, and the pool-model-0 adjoints, with
+// several orders per lane, see forward_warp_kernel and vjp_warp_kernel); lane is then the lane within the
+// group.
 struct WarpShift {
   static constexpr bool kCounted = false;  // see shift_pools
   int lane;
@@ -619,10 +629,12 @@ struct WarpShift {
 };
 
 // The adjoint of WarpShift: lambda(F+(0)) feeds lambda(F-(0)) (conjugated) and leaves; orders >= K hold no
-// lambda; lambda(F+) moves down an order and lambda(F-) up, across lanes.
+// lambda; lambda(F+) moves down an order and lambda(F-) up, across the lanes of the voxel's warp or group
+// (`lanes`; lane is then the lane within the group).
 struct WarpShiftAdjoint {
   int lane;
   int64_t K;
+  int lanes = 32;
   template <class S>
   __device__ void operator()(Planes<S> l, int64_t kpl) const {
     if (lane == 0) {
@@ -632,11 +644,11 @@ struct WarpShiftAdjoint {
     BS_UNROLL
     for (int64_t j = 0; j < kpl; ++j)
       if (lane * kpl + j >= K) l.p[j] = l.m[j] = S(0);
-    const S up = each_float(l.p[0], FromLaneAbove{});
-    const S down = each_float(l.m[kpl - 1], FromLaneBelow{});
+    const S up = each_float(l.p[0], FromLaneAbove{lanes});
+    const S down = each_float(l.m[kpl - 1], FromLaneBelow{lanes});
     BS_UNROLL
     for (int64_t j = 0; j < kpl - 1; ++j) l.p[j] = l.p[j + 1];
-    l.p[kpl - 1] = lane == 31 ? S(0) : up;
+    l.p[kpl - 1] = lane == lanes - 1 ? S(0) : up;
     BS_UNROLL
     for (int64_t j = kpl - 1; j > 0; --j) l.m[j] = l.m[j - 1];
     l.m[0] = lane == 0 ? S(0) : down;
@@ -680,52 +692,62 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   });
 }
 
-// Adjoint with a warp per voxel: each lane runs the checkpointed adjoint on its orders (its work states in
-// registers, or for the tabulated layouts in its local array; its checkpoints, replay buffer and table
-// cotangents interleaved in device scratch by lane), the event-value gradients are summed over the warp by
-// DeviceEventGrad, the tissue and table gradients here.
-struct WarpTotal {
+// Adjoint with LANES lanes per voxel: a warp (32, one or two orders a lane) or a group of 8 or 4 lanes (pool
+// model 0 up to 32 orders: 4 or 8 orders a lane, so a warp carries 4 or 8 voxels and each event's scalar
+// work, relaxation factors and rotation, is shared by them where a warp per voxel repeats it on 32 lanes
+// for one). Each lane runs the checkpointed adjoint on its orders (its work states in registers, or for
+// the tabulated layouts in its local array; its checkpoints, replay buffer and table cotangents interleaved
+// in device scratch by lane), the event-value gradients are summed over the warp by DeviceEventGrad, the
+// tissue and table gradients over the voxel's lanes here. Groups past the last voxel replay it and write
+// nothing (every lane of a warp takes part in its shuffles); whole warps past it return.
+template <int LANES>
+struct LanesTotal {
   template <class N>
   __device__ N operator()(const N& x) const {
-    return warp_sum(x);
+    return each_float(x, LanesSum<LANES>{});
   }
 };
 
-template <class N, class S, int KPL, int LAYOUT, class R>
+template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                        DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
                                                        N* table_scratch) {
-  const int lane = threadIdx.x & 31;
+  static_assert(LANES == 32 || LAYOUT == kModel0, "groups of lanes are compiled for pool model 0");
+  const int lane = threadIdx.x & (LANES - 1);
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t v = thread >> 5;
-  if (v >= V) return;  // whole warps
+  const int64_t group = thread / LANES;
+  if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps
+  const bool active = group < V;
+  const int64_t v = active ? group : V - 1;
   constexpr bool TAB = tabulated_layout(LAYOUT);
   static_assert(LAYOUT != kPlain, "the adjoint reads order-dependent physics at run time");
   Problem<R> pb = pb_in;
   pb.K = KPL;  // the lane's orders
   apply_layout<LAYOUT>(pb);
   const int64_t K = pb_in.K;
-  eg.active = true;
+  eg.active = active;
   io.base = v * pb.S;
+  if (!active) io.signal = io.signal_tan = nullptr;
   const Voxel<N> t = load_voxel<N>(pb, v);
   S work[3 * layout_planes(LAYOUT) * KPL];
   VoxelGrad<N> g;
   const bool tables = TAB || table_cotangents(pb);  // pool tables, or per-voxel pulses (pulses.hpp)
   const TableGrad<N> tg = tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
   vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, Ref<S>{scratch + thread, launched_threads()}, io, g, eg, tg,
-                  WarpShift{lane, K}, WarpShiftAdjoint{lane, K}, int64_t(lane) * KPL);
+                  WarpShift{lane, K, LANES}, WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
   N per_param[BS_NUM_TISSUE];
   tissue_gradients(g, t, per_param);
+  const bool writer = lane == 0 && active;
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {
     if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
-    const N total = warp_sum(per_param[j]);
-    if (lane != 0) continue;
+    const N total = LanesTotal<LANES>{}(per_param[j]);
+    if (!writer) continue;
     if (out.tissue[j]) out.tissue[j][v] = value_of(total);
     if constexpr (Num<N>::P > 0) {
       if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
     }
   }
-  if (tables) write_table_grads(pb, v, tg, out, WarpTotal{}, lane == 0);
+  if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);
 }
 
 }  // namespace bs

@@ -38,12 +38,11 @@ struct LaunchShape {
 inline LaunchShape thread_shape(int64_t V) {
   return {static_cast<unsigned>(blocks_for(V)), static_cast<unsigned>(threads_for(V)), 0};
 }
-// `lanes` per voxel (a warp, or a group of 4 or 8), in blocks of 128 threads.
+// `lanes` per voxel (a warp, or a group of 4 or 8), in blocks of 128 threads (launch_rules.hpp
+// adjoint_threads counts them for the adjoints' scratch).
 inline LaunchShape lanes_shape(int64_t V, int lanes) {
   return {static_cast<unsigned>((V * lanes + 127) / 128), 128, 0};
 }
-// A warp per voxel for the adjoints: four voxels a block.
-inline LaunchShape adjoint_warp_shape(int64_t V) { return {static_cast<unsigned>((V + 3) / 4), 128, 0}; }
 
 // ---- forward and JVP ------------------------------------------------------------------------------------
 // The value forward with the pool counts fixed at compile time (launch_rules.hpp with_fixed_pools), groups
@@ -151,8 +150,8 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
                       const typename Launcher::template EventGrad<float>& eg, const GradOut<float>& out, S* scratch,
                       float* table_scratch) {
   const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
-    launcher.start(AdjointWarp<float, S, 1, decltype(layout)::value>(), adjoint_warp_shape(V), pb, V, io, eg, out,
-                   scratch, table_scratch);
+    launcher.start(AdjointLanes<float, S, 1, decltype(layout)::value, 32>(), lanes_shape(V, 32), pb, V, io, eg,
+                   out, scratch, table_scratch);
   });
   if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
 }
@@ -189,8 +188,17 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   S* state_scratch = static_cast<S*>(scratch);
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
   if constexpr (warp_kernels) {
-    if (warp_adjoint<N, S>(pb, V)) {
-      const LaunchShape shape = adjoint_warp_shape(V);
+    const int lanes = adjoint_lanes<N, S>(pb, V);
+    if (lanes == 8 || lanes == 4) {  // a group per voxel (pool model 0, up to 32 orders: group_adjoint)
+      const LaunchShape shape = lanes_shape(V, lanes);
+      if (lanes == 8)
+        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+      else
+        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+      return;
+    }
+    if (lanes == 32) {
+      const LaunchShape shape = lanes_shape(V, 32);
       const bool two = warp_orders_per_lane(pb.K) == 2;
       if constexpr (std::is_same<N, float>::value) {
         if (fixed_pools<N>(pb)) {
@@ -200,14 +208,14 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       }
       if (pb.tabulated) {
         if (two)
-          launcher.start(AdjointWarp<N, S, 2, kTables>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
         else
-          launcher.start(AdjointWarp<N, S, 1, kTables>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       } else {
         if (two)
-          launcher.start(AdjointWarp<N, S, 2, kModel0>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
         else
-          launcher.start(AdjointWarp<N, S, 1, kModel0>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       }
       return;
     }

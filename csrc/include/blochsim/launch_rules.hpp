@@ -115,16 +115,38 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
-  if (forced_mapping() >= 0) return forced_mapping() == 32;
   if (fixed_pools<N>(pb)) return V <= 20000;
   if (pb.tabulated) return V <= 6000;
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }
+// Whether an adjoint can take a group of 4 or 8 lanes per voxel (vjp_warp_kernel with LANES 4 or 8: 8 or 4
+// orders a lane, each warp carrying 8 or 4 voxels, so each event's scalar work and reductions are shared):
+// compiled for pool model 0 up to 32 orders, at every number type of the adjoints.
+template <class R>
+inline bool group_adjoint(const Problem<R>& pb) {
+  return !pb.tabulated && pb.K <= 32;
+}
+// Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). The
+// automatic choice takes no groups yet: their crossovers against the warp and the thread are to be measured
+// on the H200 (benchmarks/adjoint_mapping.py, BLOCHSIM_CUDA_MAPPING=lanes8|lanes4 forces them); a forced
+// group where none is compiled takes a thread per voxel, as the forward's does.
+template <class N, class S, class R>
+inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
+  if (pb.K > 64) return 1;
+  const int forced = forced_mapping();
+  if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
+  if (forced >= 0) return forced;
+  return warp_adjoint<N, S>(pb, V) ? 32 : 1;
+}
+// Orders a lane holds in an adjoint of `lanes` lanes per voxel (vjp_warp_kernel's KPL).
+inline int adjoint_orders_per_lane(int64_t K, int lanes) { return lanes == 32 ? warp_orders_per_lane(K) : 32 / lanes; }
 
-// Threads an adjoint launches: 32 per voxel in blocks of four voxels, or one per voxel.
+// Threads an adjoint launches: `lanes` per voxel in blocks of 128 (a warp per voxel: blocks of four voxels),
+// or one per voxel.
 template <class N, class S, class R>
 inline int64_t adjoint_threads(const Problem<R>& pb, int64_t V) {
-  return warp_adjoint<N, S>(pb, V) ? 32 * ((V + 3) / 4 * 4) : padded_voxels(V);
+  const int lanes = adjoint_lanes<N, S>(pb, V);
+  return lanes > 1 ? 128 * ((V * lanes + 127) / 128) : padded_voxels(V);
 }
 
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
@@ -166,11 +188,12 @@ inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_
 
 template <class N, class S, class R>
 inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if (warp_kernels && warp_adjoint<N, S>(pb, V)) {  // a store per lane, of the planes x KPL
-    // Lanes interleave with the stride of the threads launched (whole blocks of four voxels), not 32 V: sized
+  const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
+  if (lanes > 1) {  // a store per lane, of the planes x KPL
+    // Lanes interleave with the stride of the threads launched (whole blocks of 128), not lanes x V: sized
     // by 32 V, the last lanes' store ran past its end into the table cotangents behind it when V % 4 != 0
     // (static shims at 13 voxels on the H200: gradients 0.138 off the host).
-    const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * warp_orders_per_lane(pb.K);
+    const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * adjoint_orders_per_lane(pb.K, lanes);
     return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
