@@ -262,9 +262,12 @@ def test_sanitizer_case():
         try:
             for pools in POOLS:
                 test_forward_matches_host(pools, True, 10, mapping)
-                # Groups of lanes serve the value forward and the adjoints of pool model 0 (others: a thread).
-                if mapping in ("warp", "thread") or pools == "free":
+                if mapping in ("warp", "thread"):  # groups of lanes: the value forward, and the adjoints below
                     test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
+            if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
+                with pytest.MonkeyPatch.context() as patch:
+                    test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)
+                    test_group_second_order_adjoints_match_the_oracle(mapping, "complex", patch)
             if mapping == "thread":  # the real register kernel (32 orders): its samples staged, per warp and not
                 test_staged_samples_match_host(131, mapping)
         finally:
