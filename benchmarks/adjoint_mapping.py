@@ -14,7 +14,13 @@ Cases (benchmarks/kernel_cases.py's, blochsim._benchmark_cases): `epg_real_grad`
 Jacobian, `epg_real_jac`). Mappings are taken in turn for each case and size, so a drift of the card's clocks
 meets them alike. About a minute on an H200.
 
-Run: python benchmarks/adjoint_mapping.py [--repeats 5] [--mappings auto thread warp lanes8 lanes4]
+The adjoints run in voxel chunks under the library's scratch cap (blochsim._execution DEFAULT_SCRATCH_BYTES,
+128 MiB; 96 MiB second order): about 4,300 voxels a launch for the real gradient here, so each mapping's
+launch size is that, not the tissue count. `--budget-mib 0 1024` also times every case under
+`execution("cuda", budget_bytes=1 GiB)` (0: the library's default), to see the mappings with larger launches;
+each budget is a row of its own.
+
+Run: python benchmarks/adjoint_mapping.py [--repeats 5] [--mappings auto thread warp lanes8 lanes4] [--budget-mib 0]
 Writes benchmarks/results/mapping/adjoint_mapping-<card>-<date>-<commit>.json (_records.py) and prints a table.
 """
 
@@ -23,12 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from _records import write_record
 
+from blochsim import execution
 from blochsim._benchmark_cases import case_fn, measure
 
 MAPPINGS = ("auto", "thread", "warp", "lanes8", "lanes4")
@@ -53,6 +61,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mappings", nargs="*", default=list(MAPPINGS), choices=MAPPINGS)
     parser.add_argument("--cases", nargs="*", help="derivative case names (default: all)")
+    parser.add_argument("--budget-mib", type=int, nargs="*", default=[0],
+                        help="execution budgets to time each case under, MiB (0: the library's default cap)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mapping")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -64,34 +74,37 @@ def main() -> None:
               "note": "median ms per call; forward_ms under the same mapping; adjoint_ms = derivative - forward; "
                       "ratio_to_auto_forward = derivative / the forward under auto", "results": []}
     started = time.perf_counter()
-    header = (f"{'case':<18}{'n':>8}{'mapping':>9}{'fwd ms':>9}{'deriv ms':>10}{'adj ms':>9}{'/fwd':>7}"
+    header = (f"{'case':<18}{'n':>8}{'MiB':>6}{'mapping':>9}{'fwd ms':>9}{'deriv ms':>10}{'adj ms':>9}{'/fwd':>7}"
               f"{'/auto fwd':>10}{'peak MiB':>10}")
     print(header)
     for derivative, forward, counts in CASES:
         if args.cases and derivative not in args.cases:
             continue
-        for n in counts:
+        for n, budget_mib in ((n, b) for n in counts for b in args.budget_mib):
             fns = (case_fn(forward, n, device), case_fn(derivative, n, device))
+            policy = execution("cuda", budget_bytes=budget_mib * 2**20) if budget_mib else nullcontext()
             auto_forward_ms = None
             for mapping in args.mappings:
                 set_mapping(mapping)
                 try:
-                    _, fwd, _ = measure(fns[0], device, args.repeats)
-                    first, der, peak = measure(fns[1], device, args.repeats)
+                    with policy:
+                        _, fwd, _ = measure(fns[0], device, args.repeats)
+                        first, der, peak = measure(fns[1], device, args.repeats)
                 finally:
                     set_mapping("auto")
                 fwd_ms, der_ms = 1e3 * fwd, 1e3 * der
                 if mapping == "auto":
                     auto_forward_ms = fwd_ms
                 to_auto = der_ms / auto_forward_ms if auto_forward_ms else None
-                row = {"case": derivative, "forward_case": forward, "n": n, "mapping": mapping,
+                row = {"case": derivative, "forward_case": forward, "n": n, "budget_mib": budget_mib or None,
+                       "mapping": mapping,
                        "forward_ms": fwd_ms, "derivative_ms": der_ms, "adjoint_ms": der_ms - fwd_ms,
                        "ratio_to_forward": der_ms / fwd_ms, "ratio_to_auto_forward": to_auto,
                        "first_ms": 1e3 * first, "peak_mib": peak / 2**20}
                 record["results"].append(row)
                 auto_s = f"{to_auto:10.1f}" if to_auto else f"{'-':>10}"
-                print(f"{derivative:<18}{n:>8}{mapping:>9}{fwd_ms:>9.2f}{der_ms:>10.2f}{der_ms - fwd_ms:>9.2f}"
-                      f"{der_ms / fwd_ms:>7.1f}{auto_s}{peak / 2**20:>10.1f}", flush=True)
+                print(f"{derivative:<18}{n:>8}{budget_mib or '-':>6}{mapping:>9}{fwd_ms:>9.2f}{der_ms:>10.2f}"
+                      f"{der_ms - fwd_ms:>9.2f}{der_ms / fwd_ms:>7.1f}{auto_s}{peak / 2**20:>10.1f}", flush=True)
     record["wall_s"] = time.perf_counter() - started
     print(f"{record['wall_s']:.0f} s; wrote {write_record(args.out, 'adjoint_mapping', card, record)}")
 
