@@ -58,7 +58,7 @@ CASES = [*INCUMBENT_MS, ("loss", 10000), ("epg_real_grad", 2000), ("hvp", 2000),
 TARGET = 0.5
 
 
-def case_fn(name: str, n: int):
+def case_fn(name: str, n: int, dtype: str = "float32"):
     """One call of a case, as a function of nothing (blochsim._benchmark_cases.case_fn, plus torch's loss)."""
     import torch
 
@@ -81,13 +81,14 @@ def case_fn(name: str, n: int):
         direction = torch.randn(500, generator=torch.Generator().manual_seed(0))
 
         def cost(flips):
-            return (engine.simulate(mrf_description(flips, 0.010), tissues, states=STATES).abs() ** 2).sum()
+            signal = engine.simulate(mrf_description(flips, 0.010), tissues, states=STATES, dtype=getattr(torch, dtype))
+            return (signal.abs() ** 2).sum()
         product = hvp if name == "hvp" else reverse_over_reverse
         return lambda: product(cost, base, direction)
-    return package_case(name, n, "cpu")
+    return package_case(name, n, "cpu", getattr(torch, dtype))
 
 
-def worker(threads: int) -> None:
+def worker(threads: int, dtype: str = "float32") -> None:
     """Serve timing requests on stdin, one JSON line each ({"case", "n"}), answering {"ms"} on stdout."""
     import torch
 
@@ -101,7 +102,7 @@ def worker(threads: int) -> None:
         ask = json.loads(line)
         key = (ask["case"], ask["n"])
         if key not in fns:
-            fns[key] = case_fn(*key)
+            fns[key] = case_fn(*key, dtype)
         t0, c0 = time.perf_counter(), time.process_time()
         fns[key]()
         print(json.dumps({"ms": 1e3 * (time.perf_counter() - t0), "cpu_ms": 1e3 * (time.process_time() - c0)}),
@@ -111,13 +112,13 @@ def worker(threads: int) -> None:
 class Variant:
     """A worker process running the cases on one kernel library (None: the one blochsim finds)."""
 
-    def __init__(self, library: str | None, threads: int):
+    def __init__(self, library: str | None, threads: int, dtype: str = "float32"):
         env = {**os.environ, "BLOCHSIM_NUM_THREADS": str(threads)}
         if library:
             env["BLOCHSIM_CPU_LIBRARY"] = str(Path(library).resolve())
         self.name = library or "default"
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--threads", str(threads)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        command = [sys.executable, __file__, "--worker", "--threads", str(threads), "--dtype", dtype]
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()
 
     def _read(self) -> dict:
@@ -158,19 +159,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--library", action="append", help="a kernel build to time (repeat to alternate builds)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--cases", nargs="*", help="case names (default: all)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="the cases' precision (the incumbent's times are float32's)")
+    parser.add_argument("--cases", nargs="*",
+                        help="case names (default: all), or name:tissues for any case of blochsim._benchmark_cases")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     if args.worker:
-        worker(args.threads)
+        worker(args.threads, args.dtype)
         return
     from _records import machine_name, write_record
 
-    cases = [c for c in CASES if not args.cases or c[0] in args.cases]
-    variants = [Variant(lib, args.threads) for lib in (args.library or [None])]
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases] + [
+        (name, int(n)) for name, _, n in (c.partition(":") for c in args.cases or []) if n]
+    variants = [Variant(lib, args.threads, args.dtype) for lib in (args.library or [None])]
     record = {"task": "cpu_mrf_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine_name(threads=args.threads), "platform": platform.platform(), "cpu_flags": cpu_flags(),
-              "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads,
+              "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads, "dtype": args.dtype,
               "rounds": args.rounds, "torch": variants[0].info["torch"], "target_fraction": TARGET,
               "variants": [{"name": v.name, "library": v.info["library"], "sha256": digest(v.info["library"])}
                            for v in variants], "results": [],

@@ -100,8 +100,8 @@ def is_case(name: str) -> bool:
     return family in POOLS and family != "" and rest in ("", "grad", "jac", "hvp")
 
 
-def case_fn(name: str, n: int, device):
-    """One call of the case `name` at n tissues on `device`, as a function of nothing.
+def case_fn(name: str, n: int, device, dtype: torch.dtype = torch.float32):
+    """One call of the case `name` at n tissues on `device` in precision `dtype`, as a function of nothing.
 
     Raises ValueError for a name that is not a case (`is_case`).
     """
@@ -118,20 +118,20 @@ def case_fn(name: str, n: int, device):
 
     if kind == "":
         train = describe(base)
-        return lambda: engine.simulate(train, tis, states=STATES)
+        return lambda: engine.simulate(train, tis, states=STATES, dtype=dtype)
     if kind == "jac":
         train = describe(base)
-        return lambda: engine.jacobian(train, tis, ("t1_ms", "t2_ms"), states=STATES)
+        return lambda: engine.jacobian(train, tis, ("t1_ms", "t2_ms"), states=STATES, dtype=dtype)
     if kind == "grad":
         def grad():
             flips = base.clone().requires_grad_()
-            signal = engine.simulate(describe(flips), tis, states=STATES)
+            signal = engine.simulate(describe(flips), tis, states=STATES, dtype=dtype)
             return torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0]
         return grad
 
     def hvp():
         flips = base.clone().requires_grad_()
-        _, J = engine.jacobian(describe(flips), tis, ("t1_ms", "t2_ms"), states=STATES)
+        _, J = engine.jacobian(describe(flips), tis, ("t1_ms", "t2_ms"), states=STATES, dtype=dtype)
         return torch.autograd.grad((J.abs() ** 2).sum(), flips)[0]
     return hvp
 

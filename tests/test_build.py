@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import re
 import shutil
 import subprocess
@@ -55,23 +56,45 @@ def test_build_dir_is_a_fixed_folder_of_the_checkout():
 
 
 @needs_cmake
-def test_only_the_real_path_second_order_is_compiled_at_O2(build_ninja):
-    # Every other unit holds a hot path measured slower at -O2 (docs/design.md, "Build and loading"): the
-    # last -O on a unit's command line is the one GCC uses.
+def test_the_double_units_and_the_real_path_second_order_are_compiled_at_O2(build_ninja):
+    # -O2 where the speed lost was measured and accepted (docs/design.md, "Build and loading"): the
+    # double-precision derivatives (float64 is the oracle's and the fitting's precision) and the real-path second
+    # order of float; every other unit, the double forward among them, holds a hot path measured slower at -O2.
+    # The last -O on a unit's command line is the one GCC uses.
     def level(flags: str) -> str:
         return re.findall(r"(?<!\S)-O\w*", flags)[-1]
 
     levels = {Path(o).name: level(f) for o, f in host_objects(build_ninja)}
     lowered = sorted(name for name, opt in levels.items() if opt != "-O3")
-    assert lowered == ["epg_vjp_jvp_double_false.cpp.o", "epg_vjp_jvp_float_false.cpp.o"], levels
+    doubles = [f"epg_jvp_double_{p}.cpp.o" for p in (1, 2, 4, 8)] + [
+        "epg_vjp_double.cpp.o", "epg_vjp_jvp_double_false.cpp.o",
+        "epg_vjp_jvp_double_true.cpp.o"]
+    assert lowered == sorted([*doubles, "epg_vjp_jvp_float_false.cpp.o"]), levels
     assert {levels[n] for n in lowered} == {"-O2"}
 
 
 @needs_cmake
 def test_the_longest_units_are_listed_first(build_ninja):
     # Ninja starts units in the order listed: the lane units and the JVP at 8 tangents (the longest compiles)
-    # first, so two cores do not end the build waiting on one of them.
+    # first, so two cores do not end the build waiting on one of them. The SSE2 lane unit, empty under GCC on
+    # x86-64 (test_no_baseline_lanes_beside_the_wide_ones), is not among them.
     names = [Path(o).name for o, _ in host_objects(build_ninja)]
-    first = names[:5]
-    assert {n.split(".")[0] for n in first} == {"epg_lanes_avx2", "epg_lanes_avx512", "epg_lanes_sse2",
-                                                "epg_jvp_float_8", "epg_jvp_double_8"}, names
+    first = names[:4]
+    assert {n.split(".")[0] for n in first} == {"epg_lanes_avx2", "epg_lanes_avx512", "epg_jvp_float_8",
+                                                "epg_jvp_double_8"}, names
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None,
+                    reason="the wide lanes are built by GCC on x86-64")
+def test_no_baseline_lanes_beside_the_wide_ones():
+    # Under GCC on x86-64 the AVX2 and AVX-512 lanes are built, and a processor with neither runs the per-voxel
+    # path: the SSE2 lane code (18 s of a fresh install's CPU) is preprocessed away. Elsewhere it is the only
+    # lane code, so it must still be there without the wide sets (preprocessed both ways: -D__clang__ plays a
+    # compiler without GCC's target regions).
+    def preprocessed(*defines: str) -> str:
+        command = ["g++", "-std=gnu++17", "-E", "-P", f"-I{ROOT / 'csrc/include'}", f"-I{ROOT / 'csrc'}", *defines,
+                   str(ROOT / "csrc/cpu/epg_lanes_sse2.cpp")]
+        return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+    assert "lanes_sse2" not in preprocessed()
+    assert "lanes_sse2" in preprocessed("-D__clang__")

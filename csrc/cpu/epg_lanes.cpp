@@ -1,6 +1,8 @@
-// The lane path's dispatch: the code of each instruction set (the x86-64 baseline SSE2, 4 float lanes; AVX2
-// with FMA, 8; AVX-512, 16) is compiled in a unit of its own (epg_lanes_<set>.cpp) and picked here once per
-// process by what the processor has.
+// The lane path's dispatch: the code of each instruction set (AVX2 with FMA, 8 float lanes; AVX-512, 16) is
+// compiled in a unit of its own (epg_lanes_<set>.cpp) and picked here once per process by what the processor
+// has. An x86-64 processor with neither (or BLOCHSIM_HOST_ISA=sse2) runs the per-voxel path: the baseline
+// lanes cost a fresh install 18 s of CPU for processors made before 2015 (epg_lanes_sse2.cpp). Elsewhere
+// (another architecture or compiler) the portable 4-lane code of epg_lanes_sse2.cpp runs.
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -20,10 +22,11 @@ namespace bs {
   template <class R, int P>                                                                          \
   void vjp_lanes_at(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO& io);          \
   }
-BS_DECLARE_LANES(lanes_sse2)
 #ifdef BS_HAVE_WIDE_LANES
 BS_DECLARE_LANES(lanes_avx2)
 BS_DECLARE_LANES(lanes_avx512)
+#else
+BS_DECLARE_LANES(lanes_sse2)
 #endif
 #undef BS_DECLARE_LANES
 
@@ -41,8 +44,10 @@ bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, v
 #ifdef BS_HAVE_WIDE_LANES
     case Isa::kAvx512: lanes_avx512::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); break;
     case Isa::kAvx2: lanes_avx2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); break;
-#endif
+    default: return false;
+#else
     default: lanes_sse2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
+#endif
   }
   return true;
 }
@@ -54,8 +59,10 @@ bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO
 #ifdef BS_HAVE_WIDE_LANES
     case Isa::kAvx512: lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io); break;
     case Isa::kAvx2: lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io); break;
-#endif
+    default: return false;
+#else
     default: lanes_sse2::vjp_lanes_at<R, P>(pb, V, threads, io);
+#endif
   }
   return true;
 }
