@@ -126,16 +126,24 @@ template <class R>
 inline bool group_adjoint(const Problem<R>& pb) {
   return !pb.tabulated && pb.K <= 32;
 }
-// Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). The
-// automatic choice takes no groups yet: their crossovers against the warp and the thread are to be measured
-// on the H200 (benchmarks/adjoint_mapping.py, BLOCHSIM_CUDA_MAPPING=lanes8|lanes4 forces them); a forced
-// group where none is compiled takes a thread per voxel, as the forward's does.
+// Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
+// 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
+// groups of 8, none on the warp; not measured). H200, 2026-12-04, ms per call through the API under the
+// default scratch cap (adjoint launches of ~4,300 voxels; benchmarks/results/mapping/
+// adjoint_mapping-NVIDIA_H200-2026-12-04-99ed754.json), lanes8 / warp / thread: real gradient 2k 8.1 / 8.8 /
+// 12.8, 20k 25.9 / 43.7 / 48.7, 100k 105 / 241 / 202; complex gradient 2k 9.2 / 9.4 / 36.2, 20k 52.9 / 57.6 /
+// 311; real HVP 20k 137 / 219 / 1512 (its lanes8 row with its Jacobian forced to lanes8 as well, 4.5 ms
+// slower than auto's). Launches of 20k-100k voxels (a 1 GiB budget): lanes8 within 10% of the best (lanes4 or
+// the thread) on the real gradient and the fastest on the complex one and the HVP. A forced group where none
+// is compiled takes a thread per voxel, as the forward's does.
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
+  constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
+  if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
 // Orders a lane holds in an adjoint of `lanes` lanes per voxel (vjp_warp_kernel's KPL).
