@@ -75,8 +75,7 @@ template bool vjp_lanes<double, 1>(const Problem<double>&, int64_t, int, const L
   template bool forward_lanes<R, 0>(const Problem<R>&, int64_t, int, void*, void*); \
   template bool forward_lanes<R, 1>(const Problem<R>&, int64_t, int, void*, void*); \
   template bool forward_lanes<R, 2>(const Problem<R>&, int64_t, int, void*, void*); \
-  template bool forward_lanes<R, 4>(const Problem<R>&, int64_t, int, void*, void*); \
-  template bool forward_lanes<R, 8>(const Problem<R>&, int64_t, int, void*, void*);
+  template bool forward_lanes<R, 4>(const Problem<R>&, int64_t, int, void*, void*);
 BS_FORWARD_LANES(float)
 BS_FORWARD_LANES(double)
 #undef BS_FORWARD_LANES
