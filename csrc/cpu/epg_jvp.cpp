@@ -1,6 +1,8 @@
 // JVP: P tangents at once (P padded up to 1, 2, 4 or 8), each P compiled apart (epg_jvp.hpp). Eight tangents
-// run as two passes of four: no unit is compiled for eight (nor lanes), which took 20 of the 37 s of CPU that
-// the eight-tangent JVP cost a fresh install on 2 cores (docs/design.md, "Build and loading").
+// run as two passes of four, so nothing is compiled for eight: the two JVP units (13-17 s of CPU each) and the
+// lanes' eight-tangent forward in each instruction set cost a fresh install on 2 cores about 40 s of CPU, and
+// two passes of four ran 5-6-column Jacobians in 0.89-1.11x the time of one of eight (docs/design.md, "Build
+// and loading").
 #include <stdexcept>
 #include <string>
 

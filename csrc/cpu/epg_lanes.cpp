@@ -1,8 +1,8 @@
 // The lane path's dispatch: the code of each instruction set (AVX2 with FMA, 8 float lanes; AVX-512, 16) is
 // compiled in a unit of its own (epg_lanes_<set>.cpp) and picked here once per process by what the processor
-// has. An x86-64 processor with neither (or BLOCHSIM_HOST_ISA=sse2) runs the per-voxel path: the baseline
-// lanes cost a fresh install 18 s of CPU for processors made before 2015 (epg_lanes_sse2.cpp). Elsewhere
-// (another architecture or compiler) the portable 4-lane code of epg_lanes_sse2.cpp runs.
+// has. An x86-64 processor with neither (or BLOCHSIM_HOST_ISA=sse2) runs the per-voxel path, 4.3-6x slower
+// than SSE2 lanes, which cost a fresh install 18 s of CPU (epg_lanes_sse2.cpp). Elsewhere (another
+// architecture or compiler) the portable 4-lane code of epg_lanes_sse2.cpp runs.
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
