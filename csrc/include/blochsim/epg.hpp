@@ -101,6 +101,7 @@ struct Problem {
 template <class N>
 struct Voxel {
   N t1_ms, t2_ms, r1, r2, m0, b1, b1phase, b0, inv, D, v;
+  int64_t position = 0;  // slice position (profiled pulses): (v + voxel_offset) % P, taken once per voxel
 };
 
 template <class N>
@@ -131,6 +132,7 @@ BS_HD Voxel<N> load_voxel(const Problem<R>& pb, int64_t v) {
   t.inv = fetch<N>(pb.tissue[BS_INVERSION_EFFICIENCY], v);
   t.D = fetch<N>(pb.tissue[BS_DIFFUSION_UM2_PER_MS], v);
   t.v = fetch<N>(pb.tissue[BS_VELOCITY_M_PER_S], v);
+  if (pb.num_positions > 1) t.position = (v + pb.voxel_offset) % pb.num_positions;
   return t;
 }
 

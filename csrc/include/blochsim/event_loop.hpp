@@ -165,7 +165,7 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const Transmit<N> tx = transmit_of(pb, v, t, ev.e);
     const N alpha = ev.flip * tx.b1;
     if (complex_path && spinor_pulse(pb, ev.e)) {
-      rotate_by_spinor(pb, v, slice_position(pb, v), ev.e, alpha, ev.phase + tx.b1phase, x, K);
+      rotate_by_spinor(pb, v, t.position, ev.e, alpha, ev.phase + tx.b1phase, x, K);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation
                                                           : make_rotation(alpha, ev.phase + tx.b1phase, complex_path);

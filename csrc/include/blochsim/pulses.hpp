@@ -54,18 +54,6 @@ struct Spinor {
   Cx<N> a, b;
 };
 
-// Voxel v's slice position, (v + voxel_offset) % P, taken where a profiled pulse needs it. Not kept in
-// Voxel: a field there stays live through the whole event loop, and it cost the complex plain kernel in
-// groups of 4 lanes 20 more bytes of spills (ptxas, sm_90) and the 100k complex forward 6.7 ms against 5.6.
-// A 32-bit remainder where the numbers fit (a 64-bit one is a long instruction sequence on the card).
-template <class R>
-BS_HD int64_t slice_position(const Problem<R>& pb, int64_t v) {
-  const int64_t i = v + pb.voxel_offset;
-  constexpr int64_t k32 = int64_t(1) << 32;
-  if (i < k32 && pb.num_positions < k32) return int64_t(uint32_t(i) % uint32_t(pb.num_positions));
-  return i % pb.num_positions;
-}
-
 // The profile of row d at slice position p and effective flip theta (>= 0, <= theta_max: the engine checks),
 // and its derivative along theta in `d_theta`.
 template <class N, class R>
@@ -249,7 +237,7 @@ BS_HD void rotate_by_spinor_adjoint(const Problem<R>& pb, int64_t v, int64_t e, 
   if constexpr (!std::is_same<S, N>::value) {
     using RR = typename Num<N>::Real;
     Spinor<N> d;
-    const Spinor<N> q0 = pulse_spinor(pb, v, slice_position(pb, v), e, alpha, d);
+    const Spinor<N> q0 = pulse_spinor(pb, v, (v + pb.voxel_offset) % pb.num_positions, e, alpha, d);
     const Cx<N> turn = cis(-phi);
     const Spinor<N> q{q0.a, q0.b * turn};
     const GeneralRotation<N> r = general_rotation(q);
