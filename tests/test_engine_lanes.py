@@ -194,8 +194,8 @@ def _narrower_sets() -> list[str]:
 @pytest.mark.parametrize("isa", _narrower_sets())
 def test_each_instruction_set(isa, tmp_path):
     """The checks above, float32 and float64, on the engine's results from a process that runs the lanes at a
-    narrower instruction set (sse2: the x86-64 baseline every processor has, 4 float lanes; avx2: 8) than this
-    processor's widest."""
+    narrower instruction set than this processor's widest (sse2: the x86-64 baseline every processor has,
+    which under GCC on x86-64 runs the per-voxel path; avx2: 8 float lanes)."""
     code = ("import sys, torch; sys.path.insert(0, 'tests'); import test_engine_lanes as t\n"
             "torch.save({(train, b1, str(dtype)): t.results(train, b1, dtype) for train, b1 in t.CASES\n"
             "            for dtype in (torch.float32, torch.float64)}, sys.argv[1])\n")
