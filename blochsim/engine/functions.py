@@ -85,6 +85,17 @@ def _apply(function: type[torch.autograd.Function], *args):
         *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
 
 
+def _unpack_duals(inputs) -> tuple[list, list]:
+    """(primals, tangents) of the inputs (forward-mode duals or plain tensors; `_as_tangent`: None where an
+    input carries none)."""
+    primals, tangents = [], []
+    for x in inputs:
+        primal, tangent = (None, None) if x is None else fwAD.unpack_dual(x)
+        primals.append(primal)
+        tangents.append(_as_tangent(tangent, primal))
+    return primals, tangents
+
+
 def _dual_backward(ctx, grad_signal, inputs, wanted):
     """EpgSimulate's backward on dual tensors (forward over reverse, as `blochsim.hvp` runs it; no graph
     recorded): the VJP and its tangent from one second-order pass, where EpgVjp would run the VJP and then
@@ -92,11 +103,7 @@ def _dual_backward(ctx, grad_signal, inputs, wanted):
     (its tensors are wrapped; EpgVjp handles them)."""
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return None
-    primals, tangents = [], []
-    for x in inputs:
-        primal, tangent = (None, None) if x is None else fwAD.unpack_dual(x)
-        primals.append(primal)
-        tangents.append(_as_tangent(tangent, primal))
+    primals, tangents = _unpack_duals(inputs)
     cotangent, cotangent_tangent = fwAD.unpack_dual(grad_signal)
     if cotangent_tangent is None and all(t is None for t in tangents):
         return None
@@ -119,7 +126,7 @@ def run_forward(static, inputs) -> torch.Tensor:
     if planning():
         return ops.forward(static, inputs)
     if transformed() or (torch.is_grad_enabled() and any([x is not None and x.requires_grad for x in inputs])):
-        tangents = _dual_tangents(inputs)
+        tangents = _dual_tangents(inputs) if fwAD._current_level >= 0 else None
         if tangents is None:
             return _apply(EpgSimulate, static, *inputs)
         _pending.tangents = tangents
@@ -136,18 +143,13 @@ _pending = threading.local()
 
 
 def _dual_tangents(inputs) -> list | None:
-    """The inputs' forward-mode tangents (`_as_tangent`), when a forward-mode level is open, no torch.func
-    transform is, and some input carries one tangent; else None. EpgSimulate's forward then runs the JVP
+    """The inputs' forward-mode tangents (`_as_tangent`) when no torch.func transform is active (its batched
+    tangents go through `jvp`) and some input carries one; else None. EpgSimulate's forward then runs the JVP
     kernel, which gives the signal and its tangent in one pass: run as a forward followed by `jvp`, the
     signal was computed twice (forward over reverse, `blochsim.hvp`: about 2% of a 10k-tissue HVP)."""
-    if fwAD._current_level < 0 or torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch._C._functorch.peek_interpreter_stack() is not None:
         return None
-    tangents = []
-    for x in inputs:
-        primal, tangent = (None, None) if x is None else fwAD.unpack_dual(x)
-        if tangent is not None and holds_batch(tangent):
-            return None
-        tangents.append(_as_tangent(tangent, primal))
+    tangents = _unpack_duals(inputs)[1]
     return None if all(t is None for t in tangents) else tangents
 
 
