@@ -282,6 +282,21 @@ def cpu_library():
     return _cpu
 
 
+
+#: The bits of bs_host_lane_sets and bs_host_lanes_running (csrc/cpu/epg_lanes.cpp).
+HOST_LANE_SETS = {1: "portable 4 lanes", 2: "AVX2", 4: "AVX-512"}
+
+
+def host_lanes() -> tuple[list[str], str | None]:
+    """The SIMD lane sets the host library holds (a source build holds its processor's widest; a wheel all),
+    and the one the real plain path runs in this process (None: the per-voxel path)."""
+    lib = cpu_library()
+    for name in ("bs_host_lane_sets", "bs_host_lanes_running"):
+        getattr(lib, name).restype = ctypes.c_int32
+    built, running = lib.bs_host_lane_sets(), lib.bs_host_lanes_running()
+    return [name for bit, name in HOST_LANE_SETS.items() if built & bit], HOST_LANE_SETS.get(running)
+
+
 _cuda = None
 
 

@@ -15,6 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=${DIST:-dist}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+# The base wheel holds every host SIMD set (a source build compiles only its processor's widest).
+export CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DBLOCHSIM_HOST_LANES=all"
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(cpu cu12 cu13)
 mkdir -p "$dist"

@@ -115,7 +115,9 @@ import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
 lib.bs_version.restype = ctypes.c_char_p
 maps = [line.split()[-1] for line in open("/proc/self/maps") if "libcudart" in line]
-print(json.dumps({"abi": lib.bs_abi_version(), "version": lib.bs_version().decode(), "cudart": sorted(set(maps))}))
+lanes = lib.bs_host_lane_sets() if hasattr(lib, "bs_host_lane_sets") else None
+print(json.dumps({"abi": lib.bs_abi_version(), "version": lib.bs_version().decode(), "cudart": sorted(set(maps)),
+                  "lanes": lanes}))
 """
 
 
@@ -189,6 +191,9 @@ def check_wheel(path: Path, args, cuobjdump: str | None) -> tuple[str, str, list
             check(loaded["abi"] == expected_abi(), f"bs_abi_version() = {loaded['abi']} (blochsim speaks "
                                                    f"{expected_abi()})")
             check(loaded["version"] == version, f"bs_version() = {loaded['version']!r}")
+            if name == "blochsim":  # built with BLOCHSIM_HOST_LANES=all: the wheel runs on other processors
+                check(loaded["lanes"] == 6, f"AVX2 and AVX-512 lanes both built (bs_host_lane_sets() = "
+                                            f"{loaded['lanes']}, want 6)")
             if name != "blochsim":
                 mapped = [str(Path(p).resolve()) for p in loaded["cudart"]]
                 check(mapped == [str((site / cudart).resolve())],

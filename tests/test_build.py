@@ -18,12 +18,18 @@ needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("
                                  reason="needs cmake and ninja")
 
 
+def configure(out: Path, *defines: str) -> subprocess.CompletedProcess:
+    """A Release configure of the checkout with Ninja, as scikit-build-core runs it (its build tree)."""
+    return subprocess.run(["cmake", "-S", str(ROOT), "-B", str(out), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                           *defines], capture_output=True, text=True)
+
+
 @pytest.fixture(scope="module")
 def configured(tmp_path_factory) -> Path:
-    """A Release configure of the checkout with Ninja, as scikit-build-core runs it (its build tree)."""
+    """The configure of the tests' install (README's test command: every lane set built)."""
     out = tmp_path_factory.mktemp("install_configure")
-    subprocess.run(["cmake", "-S", str(ROOT), "-B", str(out), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"],
-                   check=True, capture_output=True)
+    done = configure(out, "-DBLOCHSIM_HOST_LANES=all")
+    assert done.returncode == 0, done.stderr[-2000:]
     return out
 
 
@@ -31,6 +37,43 @@ def configured(tmp_path_factory) -> Path:
 def build_ninja(configured) -> str:
     """build.ninja of that configure."""
     return (configured / "build.ninja").read_text()
+
+
+def wide_lane_units(build_ninja: str) -> list[str]:
+    return sorted(Path(o).name for o, _ in host_objects(build_ninja) if re.search(r"epg_lanes_avx\d+\.cpp\.o$", o))
+
+
+def processor_widest() -> str:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "avx2" in flags and "fma" in flags:
+        return "avx512" if {"avx512f", "avx512vl", "avx512dq"} <= set(flags) else "avx2"
+    return "none"
+
+
+gcc_x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None
+                             or not Path("/proc/cpuinfo").exists(),
+                             reason="the wide lanes are built by GCC on x86-64 (the processor read from /proc/cpuinfo)")
+
+
+@needs_cmake
+@gcc_x86
+def test_a_source_build_compiles_only_its_processors_lane_set(tmp_path, build_ninja):
+    # `pip install .` (BLOCHSIM_HOST_LANES=native, the default) compiles the one wide lane unit this processor
+    # runs, about 20 s of CPU less than both; the tests' install (`all`) and the wheels compile both.
+    done = configure(tmp_path / "native")
+    assert done.returncode == 0, done.stderr[-2000:]
+    native = wide_lane_units((tmp_path / "native" / "build.ninja").read_text())
+    widest = processor_widest()
+    assert native == ([] if widest == "none" else [f"epg_lanes_{widest}.cpp.o"]), (widest, native)
+    assert f"host lane units for this processor: {widest}" in done.stdout
+    assert wide_lane_units(build_ninja) == ["epg_lanes_avx2.cpp.o", "epg_lanes_avx512.cpp.o"]
+
+
+@needs_cmake
+def test_an_unknown_lane_choice_is_refused(tmp_path):
+    done = configure(tmp_path / "bad", "-DBLOCHSIM_HOST_LANES=avx2")
+    assert done.returncode != 0
+    assert "BLOCHSIM_HOST_LANES must be native or all, got 'avx2'" in done.stderr
 
 
 def host_objects(build_ninja: str) -> list[tuple[str, str]]:

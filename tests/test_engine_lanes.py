@@ -38,6 +38,7 @@ import torch
 from conftest import DTYPES, F64, STATES, carried_train, ramp, rel_max_err
 from torch.autograd import forward_ad as fwAD
 
+from blochsim import _native
 from blochsim._reference import play
 from blochsim.engine import jacobian, simulate
 from blochsim.sequence import TissueProperties, mrf_description, spgr_description
@@ -190,20 +191,52 @@ def _narrower_sets() -> list[str]:
     return sets
 
 
+def _processor_sets() -> list[str]:
+    """The lane sets this processor runs, as bs_host_lane_sets names them."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    sets = []
+    if "avx2" in flags and "fma" in flags:
+        sets.append("AVX2")
+        if {"avx512f", "avx512vl", "avx512dq"} <= set(flags):
+            sets.append("AVX-512")
+    return sets
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
+def test_the_widest_set_built_for_this_processor_runs():
+    """The lane path runs the widest set both built into the library and run by this processor (a source build
+    holds only its processor's widest, csrc/cpu/CMakeLists.txt BLOCHSIM_HOST_LANES); the per-voxel path only
+    where there is none."""
+    if os.environ.get("BLOCHSIM_HOST_ISA"):
+        pytest.skip("BLOCHSIM_HOST_ISA narrows the choice in this process")
+    built, running = _native.host_lanes()
+    if "portable 4 lanes" in built:
+        assert running == "portable 4 lanes"
+        return
+    usable = [s for s in _processor_sets() if s in built]
+    assert running == (usable[-1] if usable else None), (built, running, _processor_sets())
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
 @pytest.mark.parametrize("isa", _narrower_sets())
 def test_each_instruction_set(isa, tmp_path):
     """The checks above, float32 and float64, on the engine's results from a process that runs the lanes at a
     narrower instruction set than this processor's widest (sse2: the x86-64 baseline every processor has,
     which under GCC on x86-64 runs the per-voxel path; avx2: 8 float lanes)."""
+    if isa == "avx2" and "AVX2" not in _native.host_lanes()[0]:
+        pytest.skip("this library holds no AVX2 lanes: a source build compiles its processor's widest set only "
+                    "(the README's test command builds every set)")
     code = ("import sys, torch; sys.path.insert(0, 'tests'); import test_engine_lanes as t\n"
-            "torch.save({(train, b1, str(dtype)): t.results(train, b1, dtype) for train, b1 in t.CASES\n"
-            "            for dtype in (torch.float32, torch.float64)}, sys.argv[1])\n")
+            "from blochsim import _native\n"
+            "torch.save({'running': _native.host_lanes()[1], **{(train, b1, str(dtype)): t.results(train, b1, dtype)\n"
+            "            for train, b1 in t.CASES for dtype in (torch.float32, torch.float64)}}, sys.argv[1])\n")
     env = {**os.environ, "BLOCHSIM_HOST_ISA": isa}
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "results.pt")], cwd=Path(__file__).parent.parent,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = torch.load(tmp_path / "results.pt")
+    # The set asked for is the one that ran (under GCC on x86-64 sse2 is the per-voxel path).
+    assert got["running"] == {"avx2": "AVX2", "sse2": None}[isa] or "portable 4 lanes" in _native.host_lanes()[0]
     for train, b1 in CASES:
         for dtype in DTYPES:
             check(got[train, b1, str(dtype)], train, b1, dtype)

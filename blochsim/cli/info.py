@@ -43,7 +43,9 @@ def _host_kernels() -> str:
         lib = _native.cpu_library()
     except ImportError as exc:  # NativeLibraryError: missing, or of another ABI or release
         return f"NOT LOADED: {exc}"
-    return f"{lib._name} (ABI {lib.bs_abi_version()}, built for {lib.bs_version().decode()})"
+    built, running = _native.host_lanes()
+    return (f"{lib._name} (ABI {lib.bs_abi_version()}, built for {lib.bs_version().decode()}; SIMD lanes built: "
+            f"{', '.join(built) or 'none'}; running: {running or 'none (the per-voxel path)'})")
 
 
 def _cuda() -> list:

@@ -1,6 +1,8 @@
 // The lane path's dispatch: the code of each instruction set (AVX2 with FMA, 8 float lanes; AVX-512, 16) is
 // compiled in a unit of its own (epg_lanes_<set>.cpp) and picked here once per process by what the processor
-// has. An x86-64 processor with neither (or BLOCHSIM_HOST_ISA=sse2) runs the per-voxel path, 4.3-6x slower
+// has, among the sets the build compiled (BS_BUILT_<SET>_LANES, csrc/cpu/CMakeLists.txt: a source build
+// compiles only its processor's widest; an AVX-512 processor also runs the AVX2 lanes). An x86-64 processor
+// with neither (or BLOCHSIM_HOST_ISA=sse2, or without the set built) runs the per-voxel path, 4.3-6x slower
 // than SSE2 lanes, which cost a fresh install 18 s of CPU (epg_lanes_sse2.cpp). Elsewhere (another
 // architecture or compiler) the portable 4-lane code of epg_lanes_sse2.cpp runs.
 #include <cstdlib>
@@ -9,6 +11,13 @@
 
 #include "epg_lanes.hpp"
 #include "host_isa.hpp"
+
+#ifndef BS_BUILT_AVX2_LANES
+#define BS_BUILT_AVX2_LANES 0
+#endif
+#ifndef BS_BUILT_AVX512_LANES
+#define BS_BUILT_AVX512_LANES 0
+#endif
 
 namespace bs {
 
@@ -42,8 +51,18 @@ bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, v
   if (!plain_orders(pb)) return false;
   switch (isa()) {
 #ifdef BS_HAVE_WIDE_LANES
-    case Isa::kAvx512: lanes_avx512::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); break;
-    case Isa::kAvx2: lanes_avx2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); break;
+    case Isa::kAvx512:
+#if BS_BUILT_AVX512_LANES
+      lanes_avx512::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
+      break;
+#endif
+      [[fallthrough]];
+    case Isa::kAvx2:
+#if BS_BUILT_AVX2_LANES
+      lanes_avx2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
+      break;
+#endif
+      [[fallthrough]];
     default: return false;
 #else
     default: lanes_sse2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
@@ -57,8 +76,18 @@ bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO
   if (!plain_orders(pb)) return false;
   switch (isa()) {
 #ifdef BS_HAVE_WIDE_LANES
-    case Isa::kAvx512: lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io); break;
-    case Isa::kAvx2: lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io); break;
+    case Isa::kAvx512:
+#if BS_BUILT_AVX512_LANES
+      lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io);
+      break;
+#endif
+      [[fallthrough]];
+    case Isa::kAvx2:
+#if BS_BUILT_AVX2_LANES
+      lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io);
+      break;
+#endif
+      [[fallthrough]];
     default: return false;
 #else
     default: lanes_sse2::vjp_lanes_at<R, P>(pb, V, threads, io);
@@ -81,3 +110,31 @@ BS_FORWARD_LANES(double)
 #undef BS_FORWARD_LANES
 
 }  // namespace bs
+
+// The lane sets this library holds, as bits (1: the portable 4 lanes, 2: AVX2, 4: AVX-512), and the set the
+// lane path runs in this process (the same bits, 0: the per-voxel path), for `blochsim info` and the tests.
+// Declared extern "C" in capi.h.
+int32_t bs_host_lane_sets(void) {
+#ifdef BS_HAVE_WIDE_LANES
+  return (BS_BUILT_AVX2_LANES ? 2 : 0) | (BS_BUILT_AVX512_LANES ? 4 : 0);
+#else
+  return 1;
+#endif
+}
+
+int32_t bs_host_lanes_running(void) {
+  const int32_t built = bs_host_lane_sets();
+#ifdef BS_HAVE_WIDE_LANES
+  switch (bs::isa()) {
+    case bs::Isa::kAvx512:
+      if (built & 4) return 4;
+      [[fallthrough]];
+    case bs::Isa::kAvx2:
+      if (built & 2) return 2;
+      [[fallthrough]];
+    default: return 0;
+  }
+#else
+  return built;
+#endif
+}

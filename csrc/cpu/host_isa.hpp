@@ -16,7 +16,8 @@ namespace bs {
 
 enum class Isa { kSse2, kAvx2, kAvx512 };
 
-inline Isa pick_host_isa() {
+// The widest set this processor runs (the build's probe, csrc/cpu/probes/host_isa.cpp, asks it too).
+inline Isa widest_host_isa() {
   Isa best = Isa::kSse2;
 #ifdef BS_HOST_WIDE_ISA
   __builtin_cpu_init();
@@ -25,6 +26,11 @@ inline Isa pick_host_isa() {
       __builtin_cpu_supports("avx512dq"))
     best = Isa::kAvx512;
 #endif
+  return best;
+}
+
+inline Isa pick_host_isa() {
+  Isa best = widest_host_isa();
   if (const char* env = std::getenv("BLOCHSIM_HOST_ISA")) {
     const std::string want(env);
     if (want != "sse2" && want != "avx2" && want != "avx512")
