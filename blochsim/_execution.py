@@ -35,9 +35,20 @@ DEFAULT_SCRATCH_BYTES = 128 * 2**20
 SECOND_ORDER_SCRATCH_BYTES = 96 * 2**20
 
 
-def default_scratch_bytes(entry: str) -> int:
-    """The scratch cap of one kernel call of `entry` (a `bs_epg_*` entry point) when no budget is given."""
-    return SECOND_ORDER_SCRATCH_BYTES if entry == "bs_epg_vjp_jvp" else DEFAULT_SCRATCH_BYTES
+def default_scratch_bytes(entry: str, held_bytes: int = 0) -> int:
+    """The scratch cap of one kernel call of `entry` (a `bs_epg_*` entry point) when no budget is given.
+
+    An adjoint may hold as much scratch as the per-voxel arrays of its own call (`held_bytes`: the cotangent,
+    the size of the signal, is most of them), where that is more than the fixed cap: the caller holds that
+    much already, and with a loss formed from the signal (sum |s|^2) the gradient's peak is reached while
+    the loss and its backward run, above what the adjoint then adds. Larger launches fill the card: the 100k
+    real MRF gradient on the H200 took 99 ms at 128 MiB and 79 ms at 512, its peak 1,338 MiB both times
+    (api_cases.py --scratch-mib, 2026-12-04). A loss that forms nothing of its own (signal.real.sum()) sees
+    its gradient's peak grow by up to the cotangent's size."""
+    cap = SECOND_ORDER_SCRATCH_BYTES if entry == "bs_epg_vjp_jvp" else DEFAULT_SCRATCH_BYTES
+    if entry in ("bs_epg_vjp", "bs_epg_vjp_jvp"):
+        cap = max(cap, int(held_bytes))
+    return cap
 
 _RESERVE_BYTES = 512 * 2**20
 
