@@ -270,6 +270,9 @@ def test_sanitizer_case():
                     test_group_second_order_adjoints_match_the_oracle(mapping, "complex", patch)
             if mapping == "thread":  # the real register kernel (32 orders): its samples staged, per warp and not
                 test_staged_samples_match_host(131, mapping)
+                with pytest.MonkeyPatch.context() as patch:  # the plain adjoint, registers (32) and scratch (20)
+                    for states in (32, 20):
+                        test_group_adjoints_match_the_oracle(mapping, states, "real", patch)
         finally:
             del os.environ["BLOCHSIM_CUDA_MAPPING"]
 
@@ -319,10 +322,11 @@ def group_cotangent(shape) -> torch.Tensor:
 
 @pytest.mark.parametrize("path", ("real", "complex"))
 @pytest.mark.parametrize("states", (20, 32))
-@pytest.mark.parametrize("group", ("lanes8", "lanes4"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4", "thread"))
 def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
-    """The VJP in groups of lanes: d Re<w, signal> / d (flips, TR, phases, T1, T2, B1, M0, B1 phase) at 13 voxels,
-    20 and 32 orders, against the float64 oracle."""
+    """The VJP in groups of lanes, and a thread per voxel (on the real path the plain step pair, its working
+    states in registers at 32 orders and in device scratch at 20): d Re<w, signal> / d (flips, TR, phases, T1,
+    T2, B1, M0, B1 phase) at 13 voxels, 20 and 32 orders, against the float64 oracle."""
     monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
     x = group_inputs(path)
     w = group_cotangent((GROUP_VOXELS, 24))

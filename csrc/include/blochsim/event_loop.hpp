@@ -476,9 +476,18 @@ BS_HD int64_t state_size(const Problem<R>& pb) {
 // The store: the replayed stretch's states (stride), with the tabulated layouts the tables' products of
 // each replayed interval (stride more), then the checkpoints.
 template <class R>
+BS_HD int64_t checkpoint_count(const Problem<R>& pb) {
+  return (pb.E * pb.reps + pb.stride - 1) / pb.stride;
+}
+// The store also holds each checkpoint's Deferral, one scalar each, in whole states after the checkpoints,
+// and one state more, lambda's while a stretch is replayed (vjp_voxel_plain).
+template <class R>
+BS_HD int64_t deferral_states(const Problem<R>& pb) {
+  return (checkpoint_count(pb) + state_size(pb) - 1) / state_size(pb);
+}
+template <class R>
 BS_HD int64_t store_states(const Problem<R>& pb) {
-  const int64_t n = pb.E * pb.reps;
-  return (pb.tabulated ? 2 : 1) * pb.stride + (n + pb.stride - 1) / pb.stride;
+  return (pb.tabulated ? 2 : 1) * pb.stride + checkpoint_count(pb) + deferral_states(pb) + 1;
 }
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
@@ -541,6 +550,148 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
   if (pb.tabulated && k0 == 0)
     for (int q = 0; q < l.nl; ++q) tg.zeq[q] += re(l.z(q)[0]);
+}
+
+// What step_forward_plain writes samples to where none are wanted (the plain adjoint's sweeps): the deferred
+// shifts then fall as they do in a forward that writes its samples, which step_adjoint_plain assumes.
+struct DiscardSamples {
+  bool signal = true;
+  template <class X>
+  BS_HD void put(int64_t, const X&) const {}
+};
+
+// A Deferral as one scalar of the store (exact in float: a handful of carried shifts), and back.
+template <class S>
+BS_HD S pack_deferral(const Deferral& d) {
+  return S(2 * d.pending + (d.spoiled ? 1 : 0));
+}
+template <class S>
+BS_HD Deferral unpack_deferral(const S& x) {
+  const int code = int(x);
+  return Deferral{code >> 1, (code & 1) != 0};
+}
+
+// The real plain path's events for one voxel: plain_event with the interval's exponentials kept while its
+// length repeats (an MRF train's TR: two exponentials for the whole train, not three per event).
+template <class N, class R>
+struct PlainEvents {
+  const Problem<R>& pb;
+  const Voxel<N>& t;
+  N held_dt = N(-1);
+  Decay<N> decay{N(1), N(1)};
+  BS_HD PlainEvent<N> at(const EventValues<N>& ev) {
+    return plain_event(
+        t, ev,
+        [&] {
+          if (!(ev.dt == held_dt)) {
+            decay = make_decay(pb, t, ev.dt);
+            held_dt = ev.dt;
+          }
+          return decay;
+        },
+        [&] { return make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
+        [&] { return cis(-ev.phase); });
+  }
+};
+
+// The stretch the plain adjoint replays at most (its deferrals and slot indices are the voxel's own arrays).
+constexpr int64_t kPlainMaxStride = 64;
+// Whether vjp_voxel_out runs vjp_voxel_plain: the real plain path (plain_orders) at a real number type, with
+// no table cotangents and a stretch within kPlainMaxStride.
+template <class N, class S, class R>
+BS_HD bool plain_adjoint(const Problem<R>& pb) {
+  if constexpr (std::is_same<S, N>::value && Num<N>::P == 0) {
+    return plain_orders(pb) && !table_cotangents(pb) && pb.stride <= kPlainMaxStride;
+  } else {
+    return false;
+  }
+}
+
+// Checkpointed adjoint of one voxel of the real plain path on the plain step pair (step_forward_plain,
+// step_adjoint_plain: one pass over the orders per event that touches the states; an event that only
+// samples or shifts carries its shift), vjp_voxel's scheme as the host's lanes run it (epg_lanes.inc
+// vjp_group), with the working states x, tmp and l where the caller keeps them (a CUDA thread's registers
+// at a compile-time K). The sweep keeps the state before every stride-th event and its deferral; each
+// stretch is replayed from its checkpoint, keeping the state before each event the backward visits (a pass
+// or a sample) once per write (events that leave the states alone share the slot before them), and walked
+// back. Store: stride slots, the checkpoints, the checkpoints' deferrals, then lambda while a stretch is
+// replayed, so a thread's registers hold two states at a time, not three (store_states). The sweep's
+// samples go to io where it writes the signal, else nowhere, with the shifts falling alike (DiscardSamples).
+template <class N, class S, class R, class EG>
+BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
+                           Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg) {
+  const int64_t n = pb.E * pb.reps, stride = pb.stride, checkpoints = checkpoint_count(pb);
+  auto slot = [&](int64_t j) { return state_at(pb, store, j); };
+  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c); };
+  const Ref<S> deferral_at = store + state_size(pb) * (stride + checkpoints);
+  const State<S> l_kept = state_at(pb, store, stride + checkpoints + deferral_states(pb));
+  PlainEvents<N, R> events{pb, t};
+  const DiscardSamples discard;
+  Deferral defer;
+  equilibrium_state<S, N>(pb, v, x);
+  // Events by (repetition, event), counted along: a 64-bit division per event (load_event's i / E) is
+  // about 70 instructions on the card.
+  for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
+    if (left == 0) {
+      copy_state(checkpoint(c), x);
+      deferral_at[c++] = pack_deferral<S>(defer);
+      left = stride;
+    }
+    --left;
+    const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e));
+    if (++e == pb.E) {
+      e = 0;
+      ++rep;
+    }
+    if (io.signal)
+      step_forward_plain(pe, x, tmp, &io, defer);
+    else
+      step_forward_plain(pe, x, tmp, &discard, defer);
+  }
+  zero_state(l);
+  int slot_of[kPlainMaxStride];
+  S deferral_of[kPlainMaxStride];
+  for (int64_t c = checkpoints - 1; c >= 0; --c) {
+    const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
+    copy_state(l_kept, l);
+    copy_state(x, checkpoint(c));
+    defer = unpack_deferral(S(deferral_at[c]));
+    int last = -1;
+    bool written = true;  // x differs from every slot
+    const int64_t rep0 = i0 / pb.E, e0 = i0 - rep0 * pb.E;
+    for (int64_t i = i0, rep = rep0, e = e0; i < i1; ++i) {
+      const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e));
+      if (++e == pb.E) {
+        e = 0;
+        ++rep;
+      }
+      if ((pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) || pe.record >= 0) {
+        if (written) {
+          copy_state(slot(++last), x);
+          written = false;
+        }
+        slot_of[i - i0] = last;
+      }
+      deferral_of[i - i0] = pack_deferral<S>(defer);
+      if (i + 1 < i1 && step_forward_plain(pe, x, tmp, &discard, defer)) written = true;
+    }
+    copy_state(l, l_kept);
+    const int64_t rep1 = (i1 - 1) / pb.E;
+    for (int64_t i = i1 - 1, rep = rep1, e = i1 - 1 - rep1 * pb.E; i >= i0; --i) {
+      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      if (--e < 0) {
+        e = pb.E - 1;
+        --rep;
+      }
+      const PlainEvent<N> pe = events.at(ev);
+      if (!(pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) && pe.record < 0) continue;  // nothing to undo
+      // Its scratch state (shifts carried ahead of a pass, or a sample after them) is l_kept's, free here: in
+      // the store beside the state it shifts, not in the caller's registers, which a runtime choice between
+      // the two (step_adjoint_plain's `in`) would put in memory.
+      step_adjoint_plain(pe, ev, cis(-ev.phase), t, slot(slot_of[i - i0]), unpack_deferral(deferral_of[i - i0]),
+                         l_kept, l, io, g, eg);
+    }
+  }
 }
 
 // Table cotangent sizes of a voxel, in N: L, r, T (complex: 2 per entry), zeq, sat, field, spinor, profile (a
@@ -647,7 +798,14 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
                          const SampleIO<N>& io, const EG& eg, const GradOut<R>& out) {
   const Voxel<N> t = load_voxel<N>(pb, v);
   VoxelGrad<N> g;
-  vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
+  bool plain = false;
+  if constexpr (std::is_same<S, N>::value && Num<N>::P == 0) {
+    plain = plain_adjoint<N, S>(pb);
+    if (plain)
+      vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
+                            io, g, eg);
+  }
+  if (!plain) vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
   N per_param[BS_NUM_TISSUE];
   tissue_gradients(g, t, per_param);
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {

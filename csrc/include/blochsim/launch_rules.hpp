@@ -136,6 +136,14 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // slower than auto's). Launches of 20k-100k voxels (a 1 GiB budget): lanes8 within 10% of the best (lanes4 or
 // the thread) on the real gradient and the fastest on the complex one and the HVP. A forced group where none
 // is compiled takes a thread per voxel, as the forward's does.
+// The real plain path's first-order adjoint at 32 orders takes a thread per voxel from kThreadAdjointVoxels
+// voxels a launch: vjp_voxel_plain, one pass over the orders per event, its working states in registers
+// (event_loop.hpp; ptxas, sm_90: 255 registers and 2.3-5.4 KB of spill stores), which needs many threads
+// to hide its latency. H200, through the API, ms (thread / groups of 8; launches of 4,300 voxels at 20k,
+// about 12,500 at 100k and 130,000 at 1M under the scratch cap, blochsim/_execution.py): real gradient 2k
+// 8.3 / 6.6, 20k 30.2 / 22.0, 100k 68.4 / 75.3, 1M 414 / 772 (benchmarks/results/mapping/
+// api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-cc0c3e6-plain.json).
+constexpr int64_t kThreadAdjointVoxels = 10000;
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
@@ -143,6 +151,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
   constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
+  if (registers_layout<N>(pb) > 0 && plain_adjoint<N, S>(pb) && V >= kThreadAdjointVoxels) return 1;
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
