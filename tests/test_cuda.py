@@ -273,6 +273,7 @@ def test_sanitizer_case():
                 with pytest.MonkeyPatch.context() as patch:  # the plain adjoint, registers (32) and scratch (20)
                     for states in (32, 20):
                         test_group_adjoints_match_the_oracle(mapping, states, "real", patch)
+                    test_group_second_order_adjoints_match_the_oracle(mapping, "real", patch)
         finally:
             del os.environ["BLOCHSIM_CUDA_MAPPING"]
 
@@ -343,10 +344,12 @@ def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ("real", "complex"))
-@pytest.mark.parametrize("group", ("lanes8", "lanes4"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4", "thread"))
 def test_group_second_order_adjoints_match_the_oracle(group, path, monkeypatch):
-    """The VJP-JVP in groups of lanes (the backward of the VJP: a Hessian-vector product by double backward of
-    sum |signal - target|^2) over event values and tissue at once, 13 voxels, 20 orders, against the oracle."""
+    """The VJP-JVP in groups of lanes, and a thread per voxel (on the real path the plain step pair at dual
+    numbers, its states in device scratch): the backward of the VJP, a Hessian-vector product by double
+    backward of sum |signal - target|^2, over event values and tissue at once, 13 voxels, 20 orders, against
+    the oracle."""
     monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
     x = group_inputs(path)
     target = 0.1 * group_cotangent((GROUP_VOXELS, 24))

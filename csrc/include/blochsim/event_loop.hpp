@@ -567,8 +567,20 @@ BS_HD S pack_deferral(const Deferral& d) {
 }
 template <class S>
 BS_HD Deferral unpack_deferral(const S& x) {
-  const int code = int(x);
+  const int code = int(value_of(x));
   return Deferral{code >> 1, (code & 1) != 0};
+}
+
+// Whether two numbers are the same, tangents included (an interval's length, to keep its exponentials).
+template <class R>
+BS_HD bool same_number(const R& a, const R& b) {
+  return a == b;
+}
+template <class R, int P>
+BS_HD bool same_number(const Dual<R, P>& a, const Dual<R, P>& b) {
+  bool same = a.v == b.v;
+  for (int p = 0; p < P; ++p) same = same && a.d[p] == b.d[p];
+  return same;
 }
 
 // The real plain path's events for one voxel: plain_event with the interval's exponentials kept while its
@@ -583,7 +595,7 @@ struct PlainEvents {
     return plain_event(
         t, ev,
         [&] {
-          if (!(ev.dt == held_dt)) {
+          if (!same_number(ev.dt, held_dt)) {
             decay = make_decay(pb, t, ev.dt);
             held_dt = ev.dt;
           }
@@ -596,11 +608,12 @@ struct PlainEvents {
 
 // The stretch the plain adjoint replays at most (its deferrals and slot indices are the voxel's own arrays).
 constexpr int64_t kPlainMaxStride = 64;
-// Whether vjp_voxel_out runs vjp_voxel_plain: the real plain path (plain_orders) at a real number type, with
-// no table cotangents and a stretch within kPlainMaxStride.
+// Whether vjp_voxel_out runs vjp_voxel_plain: the real plain path (plain_orders) at a real number type or
+// its dual along one tangent (the second-order adjoint), with no table cotangents and a stretch within
+// kPlainMaxStride.
 template <class N, class S, class R>
 BS_HD bool plain_adjoint(const Problem<R>& pb) {
-  if constexpr (std::is_same<S, N>::value && Num<N>::P == 0) {
+  if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
     return plain_orders(pb) && !table_cotangents(pb) && pb.stride <= kPlainMaxStride;
   } else {
     return false;
@@ -799,7 +812,7 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
   const Voxel<N> t = load_voxel<N>(pb, v);
   VoxelGrad<N> g;
   bool plain = false;
-  if constexpr (std::is_same<S, N>::value && Num<N>::P == 0) {
+  if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
     plain = plain_adjoint<N, S>(pb);
     if (plain)
       vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,

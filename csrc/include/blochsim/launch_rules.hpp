@@ -142,7 +142,9 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // to hide its latency. H200, through the API, ms (thread / groups of 8; launches of 4,300 voxels at 20k,
 // about 12,500 at 100k and 130,000 at 1M under the scratch cap, blochsim/_execution.py): real gradient 2k
 // 8.3 / 6.6, 20k 30.2 / 22.0, 100k 68.4 / 75.3, 1M 414 / 772 (benchmarks/results/mapping/
-// api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-cc0c3e6-plain.json).
+// api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-cc0c3e6-plain.json). Its second order (dual numbers,
+// states in device scratch) stays in groups: real HVP 200k 1,160 ms in a thread against 809 in groups of 8,
+// 20k 439 / 127 (mapping/api_cases-hvp-{thread,lanes8}-NVIDIA_H200-2026-12-04-78a27b8-hvp.json).
 constexpr int64_t kThreadAdjointVoxels = 10000;
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
