@@ -584,7 +584,7 @@ BS_HD bool same_number(const Dual<R, P>& a, const Dual<R, P>& b) {
 }
 
 // The real plain path's events for one voxel: plain_event with the interval's exponentials kept while its
-// length repeats (an MRF train's TR: two exponentials for the whole train, not three per event).
+// length repeats (an MRF train's TR: two exponentials for the whole train, not two per interval).
 template <class N, class R>
 struct PlainEvents {
   const Problem<R>& pb;
