@@ -294,6 +294,8 @@ def host_lanes() -> tuple[list[str], str | None]:
     for name in ("bs_host_lane_sets", "bs_host_lanes_running"):
         getattr(lib, name).restype = ctypes.c_int32
     built, running = lib.bs_host_lane_sets(), lib.bs_host_lanes_running()
+    if running < 0:
+        check_status(lib, 1, "bs_host_lanes_running")
     return [name for bit, name in HOST_LANE_SETS.items() if built & bit], HOST_LANE_SETS.get(running)
 
 

@@ -230,7 +230,8 @@ BS_API int32_t bs_abi_version(void);
 BS_API const char* bs_version(void);     /* the blochsim version the library was built with */
 BS_API const char* bs_last_error(void);  /* message of the last failure on this thread      */
 /* Host library only: the SIMD lane sets it holds (bits: 1 portable 4 lanes, 2 AVX2, 4 AVX-512; a source
- * build holds its processor's widest), and the set the real plain path runs in this process (0: per voxel). */
+ * build holds its processor's widest), and the set the real plain path runs in this process (0: per voxel;
+ * -1: BLOCHSIM_HOST_ISA names no set, see bs_last_error). */
 BS_API int32_t bs_host_lane_sets(void);
 BS_API int32_t bs_host_lanes_running(void);
 BS_API int32_t bs_epg_forward(const bs_epg_forward_args* args);

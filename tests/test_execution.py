@@ -288,21 +288,23 @@ def test_an_adjoint_may_hold_as_much_scratch_as_its_own_arrays():
 
 
 def test_a_gradient_hands_its_arrays_bytes_to_the_scratch_cap(monkeypatch):
-    """The adjoint's cap is computed from the call's own arrays: the cotangent (V x samples complex64) and the
-    per-voxel tissue and gradient arrays, no more than twice the cotangent here."""
+    """The adjoint's cap is computed from the call's own arrays where a plan is made (a budget): the cotangent
+    (V x samples complex64) and the per-voxel tissue and gradient arrays, no more than twice the cotangent
+    here."""
     caps = {}
-    real_init = chunks.Runner.__init__
+    real_chunk = chunks.Runner.chunk
 
-    def init(self, home, total, label, scratch_cap_bytes=None):
-        caps[label] = scratch_cap_bytes
-        real_init(self, home, total, label, scratch_cap_bytes)
+    def chunk(self, per_voxel_bytes, scratch=None):
+        caps[self.label] = self.scratch_cap_bytes
+        return real_chunk(self, per_voxel_bytes, scratch)
 
-    monkeypatch.setattr(chunks.Runner, "__init__", init)
+    monkeypatch.setattr(chunks.Runner, "chunk", chunk)
     monkeypatch.setattr(_execution, "DEFAULT_SCRATCH_BYTES", 1)  # the arrays' bytes then decide
     tissue = _tissue("real")
     flips = _flips(requires_grad=True)
-    signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
-    (signal.abs() ** 2).sum().backward()
+    with blochsim.execution(budget_bytes=2**30):
+        signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
+        (signal.abs() ** 2).sum().backward()
     cotangent_bytes = V * REPS * 8
     assert caps["forward"] == 1
     assert cotangent_bytes <= caps["gradient"] <= 2 * cotangent_bytes, (caps, cotangent_bytes)

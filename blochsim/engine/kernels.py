@@ -290,9 +290,8 @@ class _Placed:
     event inputs and structure on the run device (moved once per call, not per chunk)."""
 
     def __init__(self, st: Static, entry: str, label: str, inputs, arrays, query_args=None):
-        per_voxel = _per_voxel_bytes(st.num_voxels, arrays)
         self.runner = runner = chunks.Runner(st.device, st.num_voxels, label,
-                                             _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels))
+                                             _execution.default_scratch_bytes(entry))
         self.stride = st.checkpoint_stride
         device = runner.device
         if device.type == "cuda" and st.dtype != torch.float32:
@@ -301,6 +300,10 @@ class _Placed:
         if runner.trivial or st.num_voxels == 0:
             self.chunk = st.num_voxels
         else:
+            per_voxel = _per_voxel_bytes(st.num_voxels, arrays)
+            # An adjoint's scratch may match its own arrays' bytes (set here, where a plan is made: the
+            # host's whole calls plan nothing).
+            runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels)
             scratch = None
             if device.type == "cuda" and query_args is not None:
                 query = chunks.scratch_query(device, _PASSES[entry], query_args(st))

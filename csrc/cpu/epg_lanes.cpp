@@ -10,6 +10,7 @@
 #include <string>
 
 #include "epg_lanes.hpp"
+#include "blochsim/abi_guard.hpp"
 #include "host_isa.hpp"
 
 #ifndef BS_BUILT_AVX2_LANES
@@ -39,61 +40,63 @@ BS_DECLARE_LANES(lanes_sse2)
 #endif
 #undef BS_DECLARE_LANES
 
-namespace {
-Isa isa() {
-  static const Isa chosen = pick_host_isa();
+// The lane sets built into this library, as bits: 1 the portable 4 lanes, 2 AVX2, 4 AVX-512.
+constexpr int32_t kLanesPortable = 1, kLanesAvx2 = 2, kLanesAvx512 = 4;
+#ifdef BS_HAVE_WIDE_LANES
+constexpr int32_t kLanesBuilt = (BS_BUILT_AVX2_LANES ? kLanesAvx2 : 0) | (BS_BUILT_AVX512_LANES ? kLanesAvx512 : 0);
+#else
+constexpr int32_t kLanesBuilt = kLanesPortable;
+#endif
+
+// The set the lane path runs in this process (0: the per-voxel path): the widest both built and run by this
+// processor (BLOCHSIM_HOST_ISA may narrow it), chosen once.
+int32_t lanes_running() {
+  static const int32_t chosen = [] {
+#ifdef BS_HAVE_WIDE_LANES
+    const Isa isa = pick_host_isa();
+    if (isa == Isa::kAvx512 && (kLanesBuilt & kLanesAvx512)) return kLanesAvx512;
+    if (isa >= Isa::kAvx2 && (kLanesBuilt & kLanesAvx2)) return kLanesAvx2;
+    return 0;
+#else
+    return kLanesPortable;
+#endif
+  }();
   return chosen;
 }
-}  // namespace
 
+// Each entry runs the chosen set's code; a set not built here has no case (its unit is not linked).
 template <class R, int P>
 bool forward_lanes(const Problem<R>& pb, int64_t V, int threads, void* signal, void* signal_tangent) {
   if (!plain_orders(pb)) return false;
-  switch (isa()) {
-#ifdef BS_HAVE_WIDE_LANES
-    case Isa::kAvx512:
-#if BS_BUILT_AVX512_LANES
-      lanes_avx512::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
-      break;
+  switch (lanes_running()) {
+#if defined(BS_HAVE_WIDE_LANES) && BS_BUILT_AVX512_LANES
+    case kLanesAvx512: lanes_avx512::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); return true;
 #endif
-      [[fallthrough]];
-    case Isa::kAvx2:
-#if BS_BUILT_AVX2_LANES
-      lanes_avx2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
-      break;
+#if defined(BS_HAVE_WIDE_LANES) && BS_BUILT_AVX2_LANES
+    case kLanesAvx2: lanes_avx2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); return true;
 #endif
-      [[fallthrough]];
+#ifndef BS_HAVE_WIDE_LANES
+    case kLanesPortable: lanes_sse2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent); return true;
+#endif
     default: return false;
-#else
-    default: lanes_sse2::forward_lanes_at<R, P>(pb, V, threads, signal, signal_tangent);
-#endif
   }
-  return true;
 }
 
 template <class R, int P>
 bool vjp_lanes(const Problem<R>& pb, int64_t V, int threads, const LaneAdjointIO& io) {
   if (!plain_orders(pb)) return false;
-  switch (isa()) {
-#ifdef BS_HAVE_WIDE_LANES
-    case Isa::kAvx512:
-#if BS_BUILT_AVX512_LANES
-      lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io);
-      break;
+  switch (lanes_running()) {
+#if defined(BS_HAVE_WIDE_LANES) && BS_BUILT_AVX512_LANES
+    case kLanesAvx512: lanes_avx512::vjp_lanes_at<R, P>(pb, V, threads, io); return true;
 #endif
-      [[fallthrough]];
-    case Isa::kAvx2:
-#if BS_BUILT_AVX2_LANES
-      lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io);
-      break;
+#if defined(BS_HAVE_WIDE_LANES) && BS_BUILT_AVX2_LANES
+    case kLanesAvx2: lanes_avx2::vjp_lanes_at<R, P>(pb, V, threads, io); return true;
 #endif
-      [[fallthrough]];
+#ifndef BS_HAVE_WIDE_LANES
+    case kLanesPortable: lanes_sse2::vjp_lanes_at<R, P>(pb, V, threads, io); return true;
+#endif
     default: return false;
-#else
-    default: lanes_sse2::vjp_lanes_at<R, P>(pb, V, threads, io);
-#endif
   }
-  return true;
 }
 template bool vjp_lanes<float, 0>(const Problem<float>&, int64_t, int, const LaneAdjointIO&);
 template bool vjp_lanes<float, 1>(const Problem<float>&, int64_t, int, const LaneAdjointIO&);
@@ -111,30 +114,12 @@ BS_FORWARD_LANES(double)
 
 }  // namespace bs
 
-// The lane sets this library holds, as bits (1: the portable 4 lanes, 2: AVX2, 4: AVX-512), and the set the
-// lane path runs in this process (the same bits, 0: the per-voxel path), for `blochsim info` and the tests.
-// Declared extern "C" in capi.h.
-int32_t bs_host_lane_sets(void) {
-#ifdef BS_HAVE_WIDE_LANES
-  return (BS_BUILT_AVX2_LANES ? 2 : 0) | (BS_BUILT_AVX512_LANES ? 4 : 0);
-#else
-  return 1;
-#endif
-}
-
+// The lane sets this library holds and the one running (bits as kLanesBuilt; 0: the per-voxel path; -1: a
+// BLOCHSIM_HOST_ISA it refuses, see bs_last_error), for `blochsim info` and the tests. Declared extern "C"
+// in capi.h.
+int32_t bs_host_lane_sets(void) { return bs::kLanesBuilt; }
 int32_t bs_host_lanes_running(void) {
-  const int32_t built = bs_host_lane_sets();
-#ifdef BS_HAVE_WIDE_LANES
-  switch (bs::isa()) {
-    case bs::Isa::kAvx512:
-      if (built & 4) return 4;
-      [[fallthrough]];
-    case bs::Isa::kAvx2:
-      if (built & 2) return 2;
-      [[fallthrough]];
-    default: return 0;
-  }
-#else
-  return built;
-#endif
+  int32_t running = -1;
+  bs::guarded([&] { running = bs::lanes_running(); });
+  return running;
 }

@@ -552,8 +552,9 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     for (int q = 0; q < l.nl; ++q) tg.zeq[q] += re(l.z(q)[0]);
 }
 
-// What step_forward_plain writes samples to where none are wanted (the plain adjoint's sweeps): the deferred
-// shifts then fall as they do in a forward that writes its samples, which step_adjoint_plain assumes.
+// What step_forward_plain writes samples to where none are wanted (the plain adjoint's sweeps: vjp_voxel_plain,
+// the host lanes' vjp_group): the deferred shifts then fall as they do in a forward that writes its samples,
+// which step_adjoint_plain assumes.
 struct DiscardSamples {
   bool signal = true;
   template <class X>
