@@ -489,6 +489,12 @@ template <class R>
 BS_HD int64_t store_states(const Problem<R>& pb) {
   return (pb.tabulated ? 2 : 1) * pb.stride + checkpoint_count(pb) + deferral_states(pb) + 1;
 }
+// Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
+// for an adjoint) and, for adjoints, the store (epg_device.cuh thread_scratch lays the threads out).
+template <class R>
+BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
+  return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
+}
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
   return State<S>{base + state_size(pb) * index, pb.K, pb.nt, pb.nl, k0};
@@ -806,8 +812,10 @@ struct Itself {
 };
 
 // The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg. `tg`
-// holds the voxel's table cotangents (table_grad_at).
-template <class N, class S, class R, class EG>
+// holds the voxel's table cotangents (table_grad_at). kOnlyPlain: the caller runs only problems that
+// plain_adjoint takes (the register kernel, launch_rules.hpp register_adjoint), so the general path is not
+// compiled beside it.
+template <class N, class S, bool kOnlyPlain = false, class R, class EG>
 BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, TableGrad<N> tg,
                          const SampleIO<N>& io, const EG& eg, const GradOut<R>& out) {
   const Voxel<N> t = load_voxel<N>(pb, v);
@@ -819,7 +827,9 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
       vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
                             io, g, eg);
   }
-  if (!plain) vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
+  if constexpr (!kOnlyPlain) {
+    if (!plain) vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);
+  }
   N per_param[BS_NUM_TISSUE];
   tissue_gradients(g, t, per_param);
   for (int j = 0; j < BS_NUM_TISSUE; ++j) {

@@ -222,7 +222,7 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   }
   const LaunchShape shape = thread_shape(V);
   if constexpr (Num<N>::P == 0) {
-    if (registers_layout<N>(pb) == 32) {
+    if (register_adjoint<N, S>(pb)) {
       launcher.start(AdjointThread<N, S, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       return;
     }

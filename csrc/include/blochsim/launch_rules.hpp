@@ -47,6 +47,14 @@ template <class N, class R>
 inline int registers_layout(const Problem<R>& pb) {
   return Num<N>::P == 0 && plain_orders(pb) && pb.K == 32 ? 32 : 0;
 }
+// Whether a thread adjoint takes the register kernel (vjp_kernel at K = 32), which compiles the plain
+// adjoint alone: with the general path beside it, its plain loops spilled (ptxas sm_90: 1,068 bytes of
+// spill stores against 128). Other adjoints of the plain layout take the scratch kernel (a forced thread
+// mapping, or a stretch over kPlainMaxStride).
+template <class N, class S, class R>
+inline bool register_adjoint(const Problem<R>& pb) {
+  return registers_layout<N>(pb) == 32 && plain_adjoint<N, S>(pb);
+}
 
 // Forward and JVP: a warp per voxel (orders across lanes, epg_device.cuh) while the problem is small; the
 // value forward then takes groups of 8 or 4 lanes per voxel (4 or 8 orders per lane, up to 32 orders), and
@@ -153,7 +161,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
   constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
-  if (registers_layout<N>(pb) > 0 && plain_adjoint<N, S>(pb) && V >= kThreadAdjointVoxels) return 1;
+  if (register_adjoint<N, S>(pb) && V >= kThreadAdjointVoxels) return 1;
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
@@ -166,14 +174,6 @@ template <class N, class S, class R>
 inline int64_t adjoint_threads(const Problem<R>& pb, int64_t V) {
   const int lanes = adjoint_lanes<N, S>(pb, V);
   return lanes > 1 ? 128 * ((V * lanes + 127) / 128) : padded_voxels(V);
-}
-
-// Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
-// for an adjoint) and, for adjoints, the store. Threads interleave there (epg_device.cuh): element i of
-// thread t at scratch[i * threads + t], so a warp's 32 threads touch 32 consecutive elements.
-template <class R>
-inline int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
-  return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
 }
 
 // `warp_kernels`: the library has the warp kernels (the CUDA 12 launcher does not: a thread per voxel).
@@ -209,13 +209,13 @@ template <class N, class S, class R>
 inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
   if (lanes > 1) {  // a store per lane, of the planes x KPL
-    // Lanes interleave with the stride of the threads launched (whole blocks of 128), not lanes x V: sized
-    // by 32 V, the last lanes' store ran past its end into the table cotangents behind it when V % 4 != 0
-    // (static shims at 13 voxels on the H200: gradients 0.138 off the host).
+    // Sized by the threads launched (whole blocks of 128), not lanes x V: sized by 32 V, the last lanes'
+    // store ran past its end into the table cotangents behind it when V % 4 != 0 (static shims at 13 voxels
+    // on the H200: gradients 0.138 off the host).
     const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * adjoint_orders_per_lane(pb.K, lanes);
     return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, registers_layout<N>(pb) > 0);
+  const int64_t per_voxel = device_scratch_per_voxel(pb, true, register_adjoint<N, S>(pb));
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
 }
 
