@@ -146,8 +146,9 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // is compiled takes a thread per voxel, as the forward's does.
 // The real plain path's first-order adjoint at 32 orders takes a thread per voxel from kThreadAdjointVoxels
 // voxels a launch: vjp_voxel_plain, one pass over the orders per event, its working states in registers
-// (event_loop.hpp; ptxas, sm_90: 255 registers and 2.3-5.4 KB of spill stores), which needs many threads
-// to hide its latency. H200, through the API, ms (thread / groups of 8; launches of 4,300 voxels at 20k,
+// (event_loop.hpp; ptxas, sm_90: 255 registers, 128 bytes of spill stores since its scratch is in warp
+// tiles and it compiles alone, register_adjoint), which needs many threads to hide its latency. These
+// times are from before that (4d252d8 halved the thread's: docs/design.md). H200, through the API, ms (thread / groups of 8; launches of 4,300 voxels at 20k,
 // about 12,500 at 100k and 130,000 at 1M under the scratch cap, blochsim/_execution.py): real gradient 2k
 // 8.3 / 6.6, 20k 30.2 / 22.0, 100k 68.4 / 75.3, 1M 414 / 772 (benchmarks/results/mapping/
 // api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-cc0c3e6-plain.json). Its second order (dual numbers,
