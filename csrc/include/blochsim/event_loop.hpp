@@ -490,7 +490,8 @@ BS_HD int64_t store_states(const Problem<R>& pb) {
   return (pb.tabulated ? 2 : 1) * pb.stride + checkpoint_count(pb) + deferral_states(pb) + 1;
 }
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
-// for an adjoint) and, for adjoints, the store (epg_device.cuh thread_scratch lays the threads out).
+// for an adjoint) and, for adjoints, the store: launch_rules.hpp sizes launches by it, epg_device.cuh
+// thread_scratch lays the threads out by it (here, not in launch_rules.hpp, which NVRTC cannot compile).
 template <class R>
 BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
   return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
