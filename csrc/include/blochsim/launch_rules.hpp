@@ -144,17 +144,18 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // slower than auto's). Launches of 20k-100k voxels (a 1 GiB budget): lanes8 within 10% of the best (lanes4 or
 // the thread) on the real gradient and the fastest on the complex one and the HVP. A forced group where none
 // is compiled takes a thread per voxel, as the forward's does.
-// The real plain path's first-order adjoint at 32 orders takes a thread per voxel from kThreadAdjointVoxels
-// voxels a launch: vjp_voxel_plain, one pass over the orders per event, its working states in registers
+// The real plain path's first-order adjoint at 32 orders takes a thread per voxel at every size
+// (register_adjoint): vjp_voxel_plain, one pass over the orders per event, its working states in registers
 // (event_loop.hpp; ptxas, sm_90: 255 registers, 128 bytes of spill stores since its scratch is in warp
-// tiles and it compiles alone, register_adjoint), which needs many threads to hide its latency. These
-// times are from before that (4d252d8 halved the thread's: docs/design.md). H200, through the API, ms (thread / groups of 8; launches of 4,300 voxels at 20k,
-// about 12,500 at 100k and 130,000 at 1M under the scratch cap, blochsim/_execution.py): real gradient 2k
-// 8.3 / 6.6, 20k 30.2 / 22.0, 100k 68.4 / 75.3, 1M 414 / 772 (benchmarks/results/mapping/
-// api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-cc0c3e6-plain.json). Its second order (dual numbers,
-// states in device scratch) stays in groups: real HVP 200k 1,160 ms in a thread against 809 in groups of 8,
-// 20k 439 / 127 (mapping/api_cases-hvp-{thread,lanes8}-NVIDIA_H200-2026-12-04-78a27b8-hvp.json).
-constexpr int64_t kThreadAdjointVoxels = 10000;
+// tiles and it compiles alone). H200, through the API, ms, thread / groups of 8 at 4d252d8 (benchmarks/
+// results/mapping/api_cases-{thread,lanes8}-NVIDIA_H200-2026-12-04-4d252d8.json): real gradient 2k 5.8 /
+// 6.7, 5k 8.9 / 10.6, 10k 12.2 / 15.8, 20k 18.8 / 25.0 (at 100k and 1M the thread took 36.5 / 205 where
+// groups took 75 / 773 before). Below 2k both are a voxel's latency: the thread's 1,501 events in series
+// against a group's, whose lanes repeat each event's scalar work. Limited to two blocks of 128 a
+// multiprocessor by its registers: held to three (168 registers) it spilled again and took 58.1 / 363 ms
+// at 100k / 1M against 36.5 / 205 (mapping/api_cases-blocks-{2,3}-NVIDIA_H200-2026-12-04-4d252d8{,-2}.json).
+// Its second order (dual numbers, states in device scratch) and the complex gradient stay in groups: at
+// 20k, thread / groups, real HVP 457 / 127 ms, complex gradient 647 / 53 (the same records' -2 files).
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
@@ -162,7 +163,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
   constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
-  if (register_adjoint<N, S>(pb) && V >= kThreadAdjointVoxels) return 1;
+  if (register_adjoint<N, S>(pb)) return 1;
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
