@@ -253,6 +253,21 @@ BS_HD void work_on(State<N>& x, State<N> tmp) {  // PassesInPlace: step on tmp f
   if (tmp.base.p != x.base.p) copy_state(tmp, x);
   x = tmp;
 }
+// A sample's value to `io`; KeptF0 takes its f0 (the real transverse state it reads) instead: the plain
+// adjoint's replay keeps that one number of an event that only samples, not the state before it.
+template <class N>
+struct KeptF0 {
+  bool signal = true;
+  N f0 = N(0);
+};
+template <class IO, class N>
+BS_HD void put_sample(IO* io, int32_t record, const N& f0, const Cx<N>& turn) {
+  io->put(record, transverse(f0) * turn);
+}
+template <class N>
+BS_HD void put_sample(KeptF0<N>* io, int32_t, const N& f0, const Cx<N>&) {
+  io->f0 = f0;
+}
 template <class N, class IO>
 BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
   constexpr bool kInPlace = PassesInPlace<N>::value;
@@ -290,7 +305,7 @@ BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
       wrote = true;
     }
     const N f0 = defer.spoiled ? N(0) : x.fp(0)[0];
-    io->put(pe.record, transverse(f0) * pe.turn);
+    put_sample(io, pe.record, f0, pe.turn);
   }
   if (pe.action & BS_SPOIL_AFTER) {
     defer.spoiled = true;
@@ -306,11 +321,12 @@ BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
 // interval's exponentials, the pulse's angle and the tissue. x: the state array before the event, `defer`
 // what step_forward_plain was given with it (its samples written: the same shifts fall); tmp: scratch, used
 // only where more than one shift was carried; l: the gradient with respect to the array after the event,
-// updated in place. ev: the event's e, wrap, dt and flip; demod: its sample's cis(-phase).
+// updated in place. ev: the event's e, wrap, dt and flip; demod: its sample's cis(-phase). kept_f0: for an
+// event that only samples, the f0 it read (KeptF0), where x is then not read; null: taken from x.
 template <class N, class IO, class EG>
 BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev, const Cx<N>& demod,
                               const Voxel<N>& t, State<N> x, Deferral defer, State<N> tmp, State<N> l,
-                              const IO& io, VoxelGrad<N>& g, const EG& eg) {
+                              const IO& io, VoxelGrad<N>& g, const EG& eg, const N* kept_f0 = nullptr) {
   using R = typename Num<N>::Real;
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
@@ -344,6 +360,8 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
       if (!defer.spoiled) {
         if (pass) {
           f0 = A ? relax_rotate_f0<1>(in.water(0), K, q) : relax_rotate_f0<0>(in.water(0), K, q);
+        } else if (kept_f0) {
+          f0 = *kept_f0;
         } else if (shifted) {
           copy_state(tmp, x);
           shift_pools(tmp, K, LocalShift(), ahead);
@@ -633,9 +651,9 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // samples or shifts carries its shift), vjp_voxel's scheme as the host's lanes run it (epg_lanes.inc
 // vjp_group), with the working states x, tmp and l where the caller keeps them (a CUDA thread's registers
 // at a compile-time K). The sweep keeps the state before every stride-th event and its deferral; each
-// stretch is replayed from its checkpoint, keeping the state before each event the backward visits (a pass
-// or a sample) once per write (events that leave the states alone share the slot before them), and walked
-// back. Store: stride slots, the checkpoints, the checkpoints' deferrals, then lambda while a stretch is
+// stretch is replayed from its checkpoint, keeping the state before each pass once per write (passes after
+// events that leave the states alone share the slot before them) and, of an event that only samples, the
+// f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: stride slots, the checkpoints, the checkpoints' deferrals, then lambda while a stretch is
 // replayed, so a thread's registers hold two states at a time, not three (store_states). The sweep's
 // samples go to io where it writes the signal, else nowhere, with the shifts falling alike (DiscardSamples).
 template <class N, class S, class R, class EG>
@@ -671,7 +689,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
   }
   zero_state(l);
   int slot_of[kPlainMaxStride];
-  S deferral_of[kPlainMaxStride];
+  S deferral_of[kPlainMaxStride], f0_of[kPlainMaxStride];
   for (int64_t c = checkpoints - 1; c >= 0; --c) {
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
     copy_state(l_kept, l);
@@ -686,7 +704,9 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         e = 0;
         ++rep;
       }
-      if ((pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) || pe.record >= 0) {
+      const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+      slot_of[i - i0] = 0;  // an event that only samples names a slot it does not read (x = a choice of two
+      if (pass) {          // states put the register kernel's states on the stack)
         if (written) {
           copy_state(slot(++last), x);
           written = false;
@@ -694,7 +714,12 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         slot_of[i - i0] = last;
       }
       deferral_of[i - i0] = pack_deferral<S>(defer);
-      if (i + 1 < i1 && step_forward_plain(pe, x, tmp, &discard, defer)) written = true;
+      // An event that only samples is stepped even last (its backward needs the f0 it read, not a slot);
+      // one call site: a third inlined copy of the step put the register kernel's states on the stack.
+      const bool sample_only = !pass && pe.record >= 0;
+      KeptF0<S> sample;
+      if ((sample_only || i + 1 < i1) && step_forward_plain(pe, x, tmp, &sample, defer)) written = true;
+      if (sample_only) f0_of[i - i0] = sample.f0;
     }
     copy_state(l, l_kept);
     const int64_t rep1 = (i1 - 1) / pb.E;
@@ -705,12 +730,13 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         --rep;
       }
       const PlainEvent<N> pe = events.at(ev);
-      if (!(pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) && pe.record < 0) continue;  // nothing to undo
-      // Its scratch state (shifts carried ahead of a pass, or a sample after them) is l_kept's, free here: in
-      // the store beside the state it shifts, not in the caller's registers, which a runtime choice between
-      // the two (step_adjoint_plain's `in`) would put in memory.
-      step_adjoint_plain(pe, ev, cis(-ev.phase), t, slot(slot_of[i - i0]), unpack_deferral(deferral_of[i - i0]),
-                         l_kept, l, io, g, eg);
+      const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+      if (!pass && pe.record < 0) continue;  // nothing to undo
+      // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
+      // state it shifts, not in the caller's registers, which a runtime choice between the two
+      // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.
+      step_adjoint_plain(pe, ev, cis(-ev.phase), t, slot(slot_of[i - i0]),
+                         unpack_deferral(deferral_of[i - i0]), l_kept, l, io, g, eg, pass ? nullptr : &f0_of[i - i0]);
     }
   }
 }
