@@ -208,8 +208,9 @@ BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t i) {
 }
 
 // ---- states -------------------------------------------------------------------------------------------
-// Where a voxel's states live: element k at p[k * st]. st = 1 on the host and for register arrays; the
-// device's scratch interleaves voxels (st = number of threads), so a warp's accesses coalesce.
+// Where a voxel's states live: element k at p[k * st]. st = 1 on the host and for register arrays; in the
+// device's scratch a warp's threads interleave (st = 32, epg_device.cuh thread_scratch), so its accesses
+// coalesce.
 template <class S>
 struct Ref {
   S* p;
