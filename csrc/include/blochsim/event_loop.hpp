@@ -653,8 +653,9 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // at a compile-time K). The sweep keeps the state before every stride-th event and its deferral; each
 // stretch is replayed from its checkpoint, keeping the state before each pass once per write (passes after
 // events that leave the states alone share the slot before them) and, of an event that only samples, the
-// f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: stride slots, the checkpoints, the checkpoints' deferrals, then lambda while a stretch is
-// replayed, so a thread's registers hold two states at a time, not three (store_states). The sweep's
+// f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: stride slots,
+// the checkpoints, the checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's
+// registers hold two states at a time, not three (store_states). The sweep's
 // samples go to io where it writes the signal, else nowhere, with the shifts falling alike (DiscardSamples).
 template <class N, class S, class R, class EG>
 BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
@@ -705,8 +706,10 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         ++rep;
       }
       const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
-      slot_of[i - i0] = 0;  // an event that only samples names a slot it does not read (x = a choice of two
-      if (pass) {          // states put the register kernel's states on the stack)
+      // An event that only samples names slot 0, which its backward does not read: choosing between two
+      // states there put the register kernel's states on the stack (ptxas: a 2,224-byte frame).
+      slot_of[i - i0] = 0;
+      if (pass) {
         if (written) {
           copy_state(slot(++last), x);
           written = false;
