@@ -178,6 +178,29 @@ def test_carried_shifts_match_host(states, mapping):
     assert rel_max_err(out["cuda"], out["cpu"]) < 1e-5
 
 
+@pytest.mark.parametrize("states", (10, 32))
+def test_carried_shifts_gradients_match_host(states, mapping):
+    """The adjoint of conftest.carried_train (samples with shifts pending, at a spoiler, after an interval;
+    event_loop.hpp vjp_voxel_plain keeps such a sample's f0, not the state before it): the gradients of
+    sum |signal|^2 along T1, T2, M0, B1 and the inversion efficiency, played twice, 131 voxels, held to the
+    host each at its own scale (float32 both sides: 1e-4 of the largest entry, the module's first
+    derivatives). At 32 orders and a thread per voxel the register adjoint runs it; at 10 the scratch one."""
+    names = ("t1_ms", "t2_ms", "m0", "b1", "inversion_efficiency")
+    grads = {}
+    for device in ("cpu", "cuda"):
+        t = tissue(device, n=131)
+        leaves = {"t1_ms": t.t1_ms.clone().requires_grad_(), "t2_ms": t.t2_ms.clone().requires_grad_(),
+                  "m0": torch.linspace(0.5, 1.5, 131).to(device).requires_grad_(),
+                  "b1": torch.linspace(0.8, 1.2, 131).to(device).requires_grad_(),
+                  "inversion_efficiency": torch.linspace(0.85, 1.0, 131).to(device).requires_grad_()}
+        signal = engine.simulate(carried_train(blocks=12), TissueProperties(**leaves), states=states,
+                                 repetitions=2, path="real")
+        grads[device] = torch.autograd.grad((signal.abs() ** 2).sum(), [leaves[k] for k in names])
+    for name, got, want in zip(names, grads["cuda"], grads["cpu"], strict=True):
+        assert got.device.type == "cuda"
+        assert rel_max_err(got, want) < 1e-4, name
+
+
 @pytest.mark.parametrize("n", (131, 40_000))  # 40,000 voxels: blocks of 128 threads (launch_rules.hpp threads_for)
 def test_staged_samples_match_host(n, mapping):
     """The real register kernel keeps its samples in shared memory and writes them 8 at a time (epg_device.cuh
