@@ -140,7 +140,7 @@ RULES = ("threads_for", "blocks_for", "padded_voxels", "registers_layout", "forw
          "vjp_state_bytes", "vjp_scratch_bytes")
 # Rules the kernels read too (a thread's scratch tile: epg_device.cuh thread_scratch), so they live in the
 # device-side header launch_rules.hpp includes (it is host-only: NVRTC has no <cstdlib>).
-SHARED_RULES = ("device_scratch_per_voxel",)
+SHARED_RULES = ("device_scratch_per_voxel", "lane_store_size")
 # The host code of both CUDA libraries: the shared plan and C ABI, the nvcc library's launcher and pass
 # units, the CUDA 12 package's launcher and kernel list. PERK's unit (cuda/perk.cu) is not EPG launch code:
 # its kernels are a family of their own, outside the table, started by that unit alone.

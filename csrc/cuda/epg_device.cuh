@@ -742,9 +742,9 @@ __global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, i
   VoxelGrad<N> g;
   const bool tables = TAB || table_cotangents(pb);  // pool tables, or per-voxel pulses (pulses.hpp)
   const TableGrad<N> tg = tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
-  const int64_t per_lane = store_states(pb_in) * (2 * pb_in.nt + pb_in.nl) * KPL;  // vjp_state_bytes'
-  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, thread_scratch(scratch, thread, per_lane), io, g, eg, tg,
-                  WarpShift{lane, K, LANES}, WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
+  const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
+  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
+                  WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
   N per_param[BS_NUM_TISSUE];
   tissue_gradients(g, t, per_param);
   const bool writer = lane == 0 && active;

@@ -514,6 +514,12 @@ template <class R>
 BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
   return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
 }
+// The store of one lane of a group or warp adjoint, in S: the whole problem's store states, each of the
+// planes over the lane's `orders` (vjp_warp_kernel's KPL; launch_rules.hpp adjoint_orders_per_lane).
+template <class R>
+BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders) {
+  return store_states(pb) * (2 * pb.nt + pb.nl) * orders;
+}
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
   return State<S>{base + state_size(pb) * index, pb.K, pb.nt, pb.nl, k0};

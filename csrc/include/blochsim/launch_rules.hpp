@@ -214,7 +214,7 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
     // Sized by the threads launched (whole blocks of 128), not lanes x V: sized by 32 V, the last lanes'
     // store ran past its end into the table cotangents behind it when V % 4 != 0 (static shims at 13 voxels
     // on the H200: gradients 0.138 off the host).
-    const int64_t per_lane = store_states(pb) * (2 * pb.nt + pb.nl) * adjoint_orders_per_lane(pb.K, lanes);
+    const int64_t per_lane = lane_store_size(pb, adjoint_orders_per_lane(pb.K, lanes));
     return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, register_adjoint<N, S>(pb));
