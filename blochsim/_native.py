@@ -64,7 +64,7 @@ class Program(ctypes.Structure):
         ("num_transverse_pools", _i32),
         ("num_longitudinal_pools", _i32),
         ("tabulated", _i32),
-        ("reserved", _i32),
+        ("checkpoint_slots", _i32),
         ("num_intervals", _i64),
         ("interval", _p),
         ("wrap_interval", _i64),

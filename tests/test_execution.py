@@ -16,6 +16,7 @@ import sys
 import types
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -322,6 +323,39 @@ def test_least_scratch_stride_and_results_independent_of_it():
                                  checkpoint_stride=stride)
         grads.append(torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0])
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+
+
+def test_replay_slots_count_the_passes_of_each_stretch():
+    """The real plain adjoint's store keeps a state per event that touches the states (relax, rotate, invert),
+    not per event: program.replay_slots counts the most in a stretch, the stretches starting at multiples of
+    the stride over every repetition's events (held here to a count event by event)."""
+    from blochsim import _native as nat
+    from blochsim.engine.program import replay_slots
+
+    rng = np.random.default_rng(3)
+    touching = (nat.INTERVAL, nat.ROTATE, nat.INVERSION, nat.INTERVAL | nat.ROTATE)
+    idle = (0, nat.RECORD, nat.CRUSH_AFTER, nat.SHIFT_AFTER | nat.RECORD)
+    for _ in range(30):
+        E, reps, stride = int(rng.integers(1, 12)), int(rng.integers(1, 4)), int(rng.integers(1, 15))
+        action = np.array([rng.choice(touching if rng.random() < 0.4 else idle) for _ in range(E)], np.int32)
+        unrolled = [int(a & (nat.INTERVAL | nat.ROTATE | nat.INVERSION) != 0) for _ in range(reps) for a in action]
+        most = max(sum(unrolled[i : i + stride]) for i in range(0, len(unrolled), stride))
+        assert replay_slots(action, reps, stride) == max(1, most), (action, reps, stride)
+    # The MRF train: an inversion, then a pulse, a sample and a crusher per TR (a third of its events touch).
+    mrf = mrf_description(_flips(), 0.01)
+    program = engine.compile_program(mrf, states=STATES)
+    assert replay_slots(program.action, 1, 60) <= 21
+
+
+def test_too_few_replay_slots_are_refused(monkeypatch):
+    """A store sized for fewer slots than a stretch writes would overwrite its checkpoints: the library refuses
+    it (host arrays; on a card the counts come from the same function), naming the stretch."""
+    monkeypatch.setattr(K, "replay_slots", lambda action, reps, stride: 1)
+    flips = _flips(requires_grad=True)
+    signal = engine.simulate(mrf_description(flips, 0.01), _tissue(""), states=STATES, checkpoint_stride=9)
+    with pytest.raises(RuntimeError, match="checkpoint_slots 1 is fewer than the [0-9]+ events that touch the "
+                                           "states in the stretch from event 0"):
+        torch.autograd.grad((signal.abs() ** 2).sum(), flips)
 
 
 # -- policies --------------------------------------------------------------------------------------

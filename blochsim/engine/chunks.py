@@ -340,9 +340,11 @@ def _terminal() -> bool:
     return stream is not None and hasattr(stream, "isatty") and stream.isatty()
 
 
-def scratch_query(device: torch.device, entry_index: int, args) -> Callable[[int, int], int] | None:
+def scratch_query(device: torch.device, entry_index: int, args,
+                  slots_at: Callable[[int], int] = lambda stride: 0) -> Callable[[int, int], int] | None:
     """scratch(c, stride): the library's scratch bytes for c voxels of the pass `args` describes at a checkpoint
-    stride (CUDA only; None on the host, whose scratch is per thread)."""
+    stride, with the replay slots `slots_at(stride)` (CUDA only; None on the host, whose scratch is per
+    thread)."""
     if device.type != "cuda":
         return None
     lib = nat.cuda_library()
@@ -353,6 +355,7 @@ def scratch_query(device: torch.device, entry_index: int, args) -> Callable[[int
         if key not in cache:
             args.tissue.num_voxels = c
             args.program.checkpoint_stride = stride
+            args.program.checkpoint_slots = slots_at(stride)
             need = lib.bs_epg_scratch_bytes(entry_index, ctypes.byref(args))
             if need < 0:
                 nat.check_status(lib, 1, "bs_epg_scratch_bytes")
@@ -363,7 +366,9 @@ def scratch_query(device: torch.device, entry_index: int, args) -> Callable[[int
 
 
 def least_scratch_stride(events: int, stride: int, scratch_at: Callable[[int], int]) -> int:
-    """The checkpoint stride with the least scratch: the given one or near the square root of the events (the
-    store holds the checkpoints, events / stride, and the replayed stretch, stride or twice that with tables)."""
-    candidates = {stride, max(1, round(math.sqrt(events))), max(1, round(math.sqrt(events / 2)))}
+    """The checkpoint stride with the least scratch: the given one or one near the square root of the events
+    (the store holds the checkpoints, events / stride, and the replayed stretch: stride states, twice that
+    with tables, or, in the real plain adjoint, one per pass of the stretch, whose best stride is longer)."""
+    root = math.sqrt(events)
+    candidates = {stride} | {max(1, round(root * 2 ** (k / 4))) for k in range(-2, 5)}
     return min(sorted(candidates), key=lambda s: (scratch_at(s), s != stride))

@@ -18,7 +18,7 @@ import torch
 from .. import _execution
 from .. import _native as nat
 from . import chunks
-from .program import plain
+from .program import host_action, plain, replay_slots
 
 __all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS", "TABLE_START"]
 
@@ -61,6 +61,9 @@ class Static:
     voxel_offset: int = 0  # the first voxel of a chunk within the call (its slice positions run on from there)
     profile_bins: int = 0
     profile_theta_max: float = 0.0
+    # The real plain adjoint's replay slots a stretch at checkpoint_stride (program.replay_slots; 0: one per
+    # event, where the host action array is not at hand).
+    checkpoint_slots: int = 0
 
     @property
     def num_events(self) -> int:
@@ -123,7 +126,7 @@ def _program(st: Static, inputs) -> nat.Program:
         st.num_transverse_pools,
         st.num_longitudinal_pools,
         int(st.tabulated),
-        0,
+        st.checkpoint_slots,
         st.num_intervals,
         None if st.interval is None else _ptr(st.interval),  # absent in most calls: no call for NULL
         st.wrap_interval,
@@ -293,6 +296,10 @@ class _Placed:
         self.runner = runner = chunks.Runner(st.device, st.num_voxels, label,
                                              _execution.default_scratch_bytes(entry))
         self.stride = st.checkpoint_stride
+        # An adjoint's store keeps a state per pass of a replayed stretch, not per event, where the action
+        # array is on the host (on a card: placed there by Program.structure_on), read without a sync.
+        host = host_action(st.action) if entry in ("bs_epg_vjp", "bs_epg_vjp_jvp") else None
+        self.slots_at = (lambda s: 0) if host is None else (lambda s: replay_slots(host, st.num_repetitions, s))
         device = runner.device
         if device.type == "cuda" and st.dtype != torch.float32:
             raise ValueError(f"the execution policy runs this {label} on {device}, whose kernels take float32; "
@@ -306,7 +313,7 @@ class _Placed:
             runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels)
             scratch = None
             if device.type == "cuda" and query_args is not None:
-                query = chunks.scratch_query(device, _PASSES[entry], query_args(st))
+                query = chunks.scratch_query(device, _PASSES[entry], query_args(st), self.slots_at)
                 scratch = query  # (c, stride) -> bytes
             self.chunk = self._plan(st, entry, per_voxel, scratch)
         if device == st.device:
@@ -316,8 +323,9 @@ class _Placed:
                      for name in ("interval", "field_row", "profile_row", "spinor_row")}
             self.static = dataclasses.replace(st, action=st.action.to(device), record=st.record.to(device),
                                               device=device, **moved)
-        if self.stride != st.checkpoint_stride:
-            self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride)
+        slots = self.slots_at(self.stride)
+        if self.stride != st.checkpoint_stride or slots != st.checkpoint_slots:
+            self.static = dataclasses.replace(self.static, checkpoint_stride=self.stride, checkpoint_slots=slots)
         self.placed = device == st.device  # inputs used where they are
         self.events = list(inputs[:NUM_EVENT_INPUTS]) if self.placed else \
             [None if x is None else runner.stage(x) for x in inputs[:NUM_EVENT_INPUTS]]

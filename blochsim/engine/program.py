@@ -94,6 +94,7 @@ class Program:
         if hit is None or hit[0] is not self.action or hit[1] is not self.record:
             on_device = (torch.from_numpy(self.action).to(device), torch.from_numpy(self.record).to(device))
             hit = self.bound[device] = (self.action, self.record, on_device)
+            _HOST_ACTIONS[on_device[0]] = self.action
         return hit[2]
 
     def rows_on(self, device) -> tuple:
@@ -150,6 +151,31 @@ def check_states(states, name: str = "states") -> int | None:
 def default_states(description, repetitions: int) -> int:
     """The default EPG orders: max(8, min(64, 1 + repetitions x windings per repetition))."""
     return max(8, min(64, 1 + repetitions * shifts_per_repetition(description)))
+
+
+#: The host array of each action tensor that structure_on placed on a device: the adjoints size their
+#: store by it (replay_slots) without reading the device.
+_HOST_ACTIONS = torch.utils.weak.WeakIdKeyDictionary()
+_PASS = nat.INTERVAL | nat.INVERSION | nat.ROTATE
+
+
+def host_action(action: torch.Tensor) -> np.ndarray | None:
+    """`action` on the host: itself if it is there, the array structure_on placed it from, else None."""
+    action = plain(action)
+    if action.device.type == "cpu":
+        return action.numpy()
+    return _HOST_ACTIONS.get(action)
+
+
+def replay_slots(action: np.ndarray, repetitions: int, stride: int) -> int:
+    """The states the real plain adjoint keeps while it replays a stretch (bs_program checkpoint_slots): the
+    most events that touch the states (relax, rotate or invert) within one stretch of `stride` events, the
+    stretches starting at multiples of `stride` over every repetition's events. At least 1."""
+    passes = np.tile((np.asarray(action) & _PASS) != 0, repetitions)
+    ends = np.concatenate([[0], np.cumsum(passes)])
+    starts = np.arange(0, passes.size, stride)
+    per_stretch = ends[np.minimum(starts + stride, passes.size)] - ends[starts]
+    return max(1, int(per_stretch.max(initial=0)))
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:

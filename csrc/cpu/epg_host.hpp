@@ -72,7 +72,7 @@ void run_vjp(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb, con
   table_grad_outputs(table_grads, out.table);
   table_grad_outputs(table_grads_tangent, out.table_tan);
   const size_t work_bytes = sizeof(S) * state_size(pb) * 3;
-  const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb);
+  const size_t store_bytes = sizeof(S) * state_size(pb) * store_states(pb, plain_adjoint<N, S>(pb));
   CallScratch scratch(work_bytes + store_bytes + sizeof(N) * (table_total + 1));
   parallel_for(nblocks, threads, [&](int64_t b, int worker) {
     char* const bytes = scratch.get(worker);

@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
     io.signal = nullptr;
     out = GradOut<R>{};
   }
-  const Ref<S> mine = thread_scratch(scratch, thread, device_scratch_per_voxel(pb, true, KC > 0));
+  const Ref<S> mine = thread_scratch(scratch, thread, device_scratch_per_voxel(pb, true, KC > 0, plain_adjoint<N, S>(pb)));
   const TableGrad<N> tg = table_grad_at(pb, out, table_scratch, thread, launched_threads());
   if constexpr (KC > 0) {
     S work[3 * 3 * KC];

@@ -491,11 +491,17 @@ template <class R>
 BS_HD int64_t state_size(const Problem<R>& pb) {
   return (2 * pb.nt + pb.nl) * pb.K;
 }
-// The store: the replayed stretch's states (stride), with the tabulated layouts the tables' products of
-// each replayed interval (stride more), then the checkpoints.
+// The store: the replayed stretch's states, then the checkpoints. The general adjoint keeps one state per
+// event of the stretch (stride) and with the tabulated layouts the tables' products of each replayed
+// interval (stride more); the plain adjoint (`plain`: vjp_voxel_plain) one per pass, pb.slots where the
+// caller counted them (the most passes a stretch holds: an MRF train's are a third of its events).
 template <class R>
 BS_HD int64_t checkpoint_count(const Problem<R>& pb) {
   return (pb.E * pb.reps + pb.stride - 1) / pb.stride;
+}
+template <class R>
+BS_HD int64_t replay_slots(const Problem<R>& pb, bool plain) {
+  return plain && pb.slots > 0 ? pb.slots : (pb.tabulated ? 2 : 1) * pb.stride;
 }
 // The store also holds each checkpoint's Deferral, one scalar each, in whole states after the checkpoints,
 // and one state more, lambda's while a stretch is replayed (vjp_voxel_plain).
@@ -504,21 +510,24 @@ BS_HD int64_t deferral_states(const Problem<R>& pb) {
   return (checkpoint_count(pb) + state_size(pb) - 1) / state_size(pb);
 }
 template <class R>
-BS_HD int64_t store_states(const Problem<R>& pb) {
-  return (pb.tabulated ? 2 : 1) * pb.stride + checkpoint_count(pb) + deferral_states(pb) + 1;
+BS_HD int64_t store_states(const Problem<R>& pb, bool plain) {
+  return replay_slots(pb, plain) + checkpoint_count(pb) + deferral_states(pb) + 1;
 }
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
-// for an adjoint) and, for adjoints, the store: launch_rules.hpp sizes launches by it, epg_device.cuh
-// thread_scratch lays the threads out by it (here, not in launch_rules.hpp, which NVRTC cannot compile).
+// for an adjoint) and, for adjoints, the store (`plain`: of vjp_voxel_plain): launch_rules.hpp sizes
+// launches by it, epg_device.cuh thread_scratch lays the threads out by it (here, not in launch_rules.hpp,
+// which NVRTC cannot compile).
 template <class R>
-BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers) {
-  return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) + (adjoint ? store_states(pb) * state_size(pb) : 0);
+BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool in_registers, bool plain = false) {
+  return (in_registers ? 0 : (adjoint ? 3 : 1) * state_size(pb)) +
+         (adjoint ? store_states(pb, plain) * state_size(pb) : 0);
 }
-// The store of one lane of a group or warp adjoint, in S: the whole problem's store states, each of the
-// planes over the lane's `orders` (vjp_warp_kernel's KPL; launch_rules.hpp adjoint_orders_per_lane).
+// The store of one lane of a group or warp adjoint (vjp_voxel's), in S: the whole problem's store states,
+// each of the planes over the lane's `orders` (vjp_warp_kernel's KPL; launch_rules.hpp
+// adjoint_orders_per_lane).
 template <class R>
 BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders) {
-  return store_states(pb) * (2 * pb.nt + pb.nl) * orders;
+  return store_states(pb, false) * (2 * pb.nt + pb.nl) * orders;
 }
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
@@ -659,18 +668,19 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // at a compile-time K). The sweep keeps the state before every stride-th event and its deferral; each
 // stretch is replayed from its checkpoint, keeping the state before each pass once per write (passes after
 // events that leave the states alone share the slot before them) and, of an event that only samples, the
-// f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: stride slots,
-// the checkpoints, the checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's
+// f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: the slots
+// (replay_slots: one per pass where the caller counted them, else one per event), the checkpoints, the checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's
 // registers hold two states at a time, not three (store_states). The sweep's
 // samples go to io where it writes the signal, else nowhere, with the shifts falling alike (DiscardSamples).
 template <class N, class S, class R, class EG>
 BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
                            Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride, checkpoints = checkpoint_count(pb);
+  const int64_t slots = replay_slots(pb, true);
   auto slot = [&](int64_t j) { return state_at(pb, store, j); };
-  auto checkpoint = [&](int64_t c) { return state_at(pb, store, stride + c); };
-  const Ref<S> deferral_at = store + state_size(pb) * (stride + checkpoints);
-  const State<S> l_kept = state_at(pb, store, stride + checkpoints + deferral_states(pb));
+  auto checkpoint = [&](int64_t c) { return state_at(pb, store, slots + c); };
+  const Ref<S> deferral_at = store + state_size(pb) * (slots + checkpoints);
+  const State<S> l_kept = state_at(pb, store, slots + checkpoints + deferral_states(pb));
   PlainEvents<N, R> events{pb, t};
   const DiscardSamples discard;
   Deferral defer;

@@ -217,7 +217,7 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
     const int64_t per_lane = lane_store_size(pb, adjoint_orders_per_lane(pb.K, lanes));
     return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
-  const int64_t per_voxel = device_scratch_per_voxel(pb, true, register_adjoint<N, S>(pb));
+  const int64_t per_voxel = device_scratch_per_voxel(pb, true, register_adjoint<N, S>(pb), plain_adjoint<N, S>(pb));
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
 }
 

@@ -52,10 +52,13 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
   pb.S = pg.num_samples;
   pb.K = pg.num_states;
   pb.stride = pg.checkpoint_stride;
+  pb.slots = pg.checkpoint_slots;
   if (pb.E < 1) throw std::invalid_argument("num_events must be >= 1");
   if (pb.reps < 1) throw std::invalid_argument("num_repetitions must be >= 1");
   if (pb.K < 1) throw std::invalid_argument("num_states must be >= 1");
   if (pb.stride < 1) throw std::invalid_argument("checkpoint_stride must be >= 1");
+  if (pb.slots < 0 || pb.slots > pb.stride)
+    throw std::invalid_argument("checkpoint_slots must be in [0, checkpoint_stride], got " + std::to_string(pb.slots));
   if (pg.path != BS_PATH_REAL && pg.path != BS_PATH_COMPLEX) throw std::invalid_argument("path must be 0 or 1");
   pb.action = pg.action;
   pb.record = pg.record;
@@ -100,6 +103,16 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
   if (host_arrays)
     for (int64_t e = 0; e < pb.E; ++e)
       if (pb.record[e] >= pb.S) throw std::invalid_argument("record slot out of range");
+  if (host_arrays && pb.slots > 0)  // a stretch writing past its slots would overwrite the checkpoints
+    for (int64_t i0 = 0, n = pb.E * pb.reps; i0 < n; i0 += pb.stride) {
+      int64_t passes = 0;
+      for (int64_t i = i0; i < i0 + pb.stride && i < n; ++i)
+        passes += (pb.action[i % pb.E] & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) ? 1 : 0;
+      if (passes > pb.slots)
+        throw std::invalid_argument("checkpoint_slots " + std::to_string(pb.slots) + " is fewer than the " +
+                                    std::to_string(passes) + " events that touch the states in the stretch from event " +
+                                    std::to_string(i0));
+    }
   pb.nt = pg.num_transverse_pools;
   pb.nl = pg.num_longitudinal_pools;
   pb.tabulated = pg.tabulated != 0;
