@@ -32,6 +32,7 @@ from kernel_cases import INCUMBENT_MS, POOLS, STATES, case_train, flips_deg, mea
 
 import blochsim
 from blochsim import _execution
+from blochsim.engine import chunks
 from blochsim.model import PUBLIC_FIELDS
 from blochsim.simulators import MRFSimulator
 
@@ -95,8 +96,13 @@ def main() -> None:
                         help="the scratch held per kernel call without a budget (default: DEFAULT_SCRATCH_BYTES)")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help="the three big cases (default: on CUDA without --quick, --cases or --n)")
+    parser.add_argument("--stride", type=int,
+                        help="an experiment: chunked adjoints take this checkpoint stride, not the least-scratch one "
+                             "their plan picks (engine.chunks.least_scratch_stride)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.stride:
+        chunks.least_scratch_stride = lambda events, stride, scratch_at: args.stride
     cases = select_cases(list(INCUMBENT_MS), args.cases, args.n, args.quick)
     if args.scratch_mib:
         _execution.DEFAULT_SCRATCH_BYTES = _execution.SECOND_ORDER_SCRATCH_BYTES = args.scratch_mib * 2**20
@@ -109,7 +115,8 @@ def main() -> None:
     record = {"task": "api_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": card, "torch": torch.__version__, "budget_mib": args.budget_mib,
               "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20,
-              "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20, "results": []}
+              "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20, "stride": args.stride,
+              "results": []}
     print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'inc ms':>9}{'ratio':>7}{'peak MiB':>10}"
           f"{'inc MiB':>9}{'ratio':>7}")
     for name, n, *tag in cases:
