@@ -625,14 +625,18 @@ BS_HD bool same_number(const Dual<R, P>& a, const Dual<R, P>& b) {
 }
 
 // The real plain path's events for one voxel: plain_event with the interval's exponentials kept while its
-// length repeats (an MRF train's TR: two exponentials for the whole train, not two per interval).
+// length repeats (an MRF train's TR: two exponentials for the whole train, not two per interval). `turn`:
+// a sample's demodulation, cis(-phase), formed by the caller where the sample's value is read (a sweep that
+// writes the signal; the backward, which needs it beside the event as well), else zero: the sweeps that
+// discard their samples or keep only the f0 they read form no sines for it: of the seven sines and cosines
+// an MRF TR formed over the three walks, four were turns, three of them read by nothing.
 template <class N, class R>
 struct PlainEvents {
   const Problem<R>& pb;
   const Voxel<N>& t;
   N held_dt = N(-1);
   Decay<N> decay{N(1), N(1)};
-  BS_HD PlainEvent<N> at(const EventValues<N>& ev) {
+  BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
     return plain_event(
         t, ev,
         [&] {
@@ -642,10 +646,15 @@ struct PlainEvents {
           }
           return decay;
         },
-        [&] { return make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
-        [&] { return cis(-ev.phase); });
+        [&] { return make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); }, [&] { return turn; });
   }
 };
+// A sample's demodulation where it is read (PlainEvents::at's `turn`; plain_event's record: the last
+// repetition's samples only).
+template <class N>
+BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
+  return read && ev.last_rep && ev.record >= 0 ? cis(-ev.phase) : Cx<N>();
+}
 
 // The stretch the plain adjoint replays at most (its deferrals and slot indices are the voxel's own arrays).
 constexpr int64_t kPlainMaxStride = 64;
@@ -694,7 +703,8 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       left = stride;
     }
     --left;
-    const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e));
+    const EventValues<N> ev = load_event<N>(pb, rep, e);
+    const PlainEvent<N> pe = events.at(ev, sample_turn(ev, io.signal != nullptr));
     if (++e == pb.E) {
       e = 0;
       ++rep;
@@ -716,7 +726,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
     bool written = true;  // x differs from every slot
     const int64_t rep0 = i0 / pb.E, e0 = i0 - rep0 * pb.E;
     for (int64_t i = i0, rep = rep0, e = e0; i < i1; ++i) {
-      const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e));
+      const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e), Cx<N>());  // KeptF0 reads no turn
       if (++e == pb.E) {
         e = 0;
         ++rep;
@@ -748,13 +758,14 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         e = pb.E - 1;
         --rep;
       }
-      const PlainEvent<N> pe = events.at(ev);
+      const Cx<N> demod = sample_turn(ev, true);
+      const PlainEvent<N> pe = events.at(ev, demod);
       const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
       if (!pass && pe.record < 0) continue;  // nothing to undo
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two
       // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.
-      step_adjoint_plain(pe, ev, cis(-ev.phase), t, slot(slot_of[i - i0]),
+      step_adjoint_plain(pe, ev, demod, t, slot(slot_of[i - i0]),
                          unpack_deferral(deferral_of[i - i0]), l_kept, l, io, g, eg, pass ? nullptr : &f0_of[i - i0]);
     }
   }
