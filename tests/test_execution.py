@@ -350,7 +350,10 @@ def test_replay_slots_count_the_passes_of_each_stretch():
 def test_too_few_replay_slots_are_refused(monkeypatch):
     """A store sized for fewer slots than a stretch writes would overwrite its checkpoints: the library refuses
     it (host arrays; on a card the counts come from the same function), naming the stretch."""
-    monkeypatch.setattr(K, "replay_slots", lambda action, reps, stride: 1)
+    from blochsim.engine import program
+
+    monkeypatch.setattr(program, "replay_slots", lambda action, reps, stride: 1)
+    monkeypatch.setattr(program, "_SLOTS", torch.utils.weak.WeakIdKeyDictionary())  # counted afresh
     flips = _flips(requires_grad=True)
     signal = engine.simulate(mrf_description(flips, 0.01), _tissue(""), states=STATES, checkpoint_stride=9)
     with pytest.raises(RuntimeError, match="checkpoint_slots 1 is fewer than the [0-9]+ events that touch the "

@@ -18,7 +18,7 @@ import torch
 from .. import _execution
 from .. import _native as nat
 from . import chunks
-from .program import host_action, plain, replay_slots
+from .program import plain, slots_at
 
 __all__ = ["Static", "num_threads", "forward", "jvp", "vjp", "vjp_jvp", "NUM_EVENT_INPUTS", "TABLE_START"]
 
@@ -298,8 +298,8 @@ class _Placed:
         self.stride = st.checkpoint_stride
         # An adjoint's store keeps a state per pass of a replayed stretch, not per event, where the action
         # array is on the host (on a card: placed there by Program.structure_on), read without a sync.
-        host = host_action(st.action) if entry in ("bs_epg_vjp", "bs_epg_vjp_jvp") else None
-        self.slots_at = (lambda s: 0) if host is None else (lambda s: replay_slots(host, st.num_repetitions, s))
+        adjoint = entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")
+        self.slots_at = slots_at(st.action, st.num_repetitions) if adjoint else (lambda stride: 0)
         device = runner.device
         if device.type == "cuda" and st.dtype != torch.float32:
             raise ValueError(f"the execution policy runs this {label} on {device}, whose kernels take float32; "

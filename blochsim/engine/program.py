@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,15 +157,28 @@ def default_states(description, repetitions: int) -> int:
 #: The host array of each action tensor that structure_on placed on a device: the adjoints size their
 #: store by it (replay_slots) without reading the device.
 _HOST_ACTIONS = torch.utils.weak.WeakIdKeyDictionary()
+#: replay_slots per action tensor, by (repetitions, stride): a call's plan asks for several strides, and
+#: calls repeat.
+_SLOTS = torch.utils.weak.WeakIdKeyDictionary()
 _PASS = nat.INTERVAL | nat.INVERSION | nat.ROTATE
 
 
-def host_action(action: torch.Tensor) -> np.ndarray | None:
-    """`action` on the host: itself if it is there, the array structure_on placed it from, else None."""
+def slots_at(action: torch.Tensor, repetitions: int) -> Callable[[int], int]:
+    """stride -> replay_slots of the program whose action tensor is `action` (on the host, or placed on a device
+    by structure_on), or 0 (one slot per event) where its host array is not at hand."""
     action = plain(action)
-    if action.device.type == "cpu":
-        return action.numpy()
-    return _HOST_ACTIONS.get(action)
+    host = action.numpy() if action.device.type == "cpu" else _HOST_ACTIONS.get(action)
+    if host is None:
+        return lambda stride: 0
+    memo = _SLOTS.setdefault(action, {})
+
+    def at(stride: int) -> int:
+        key = (repetitions, stride)
+        if key not in memo:
+            memo[key] = replay_slots(host, repetitions, stride)
+        return memo[key]
+
+    return at
 
 
 def replay_slots(action: np.ndarray, repetitions: int, stride: int) -> int:
