@@ -406,8 +406,17 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
   }
 }
 
-// Adjoint of one event. x_pre: state before the event; kept: the tables' products of its interval (tabulated
-// layouts: step_forward's `keep`); tmp: scratch; l: lambda, updated in place.
+// Whether step_adjoint reads the state before the event (vjp_voxel's replay slot): one that only crushes,
+// shifts or spoils after itself acts on lambda alone, so its slot is neither written nor read (an MRF
+// train's crusher: a third of its events, whose copies in and out of the store went to waste).
+template <class N>
+BS_HD bool adjoint_reads_state(const EventValues<N>& ev) {
+  return (ev.action & (BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE)) || ev.record >= 0;
+}
+
+// Adjoint of one event. x_pre: state before the event (not read where adjoint_reads_state is false); kept:
+// the tables' products of its interval (tabulated layouts: step_forward's `keep`); tmp: scratch; l: lambda,
+// updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
 template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
@@ -419,7 +428,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   // Recompute the state ahead of the RF / ADC (tabulated: from the kept products, no table products).
   Interval<N> iv;
   const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
-  if (!from_products) copy_state(tmp, x_pre);
+  if (!from_products && adjoint_reads_state(ev)) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
     iv = make_interval(pb, t, ev);
     if (pb.tabulated)
@@ -575,8 +584,8 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
     copy_state(x, checkpoint(c));
     for (int64_t i = i0; i < i1; ++i) {
-      copy_state(replay(i - i0), x);
       const EventValues<N> ev = load_event<N>(pb, i);
+      if (adjoint_reads_state(ev)) copy_state(replay(i - i0), x);
       const State<S> keep = kept(i - i0);
       if (i + 1 < i1)
         step_forward(pb, v, t, ev, x, static_cast<const SampleIO<N>*>(nullptr), shift, pb.tabulated ? &keep : nullptr);
