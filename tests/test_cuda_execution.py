@@ -22,6 +22,7 @@ import blochsim
 from blochsim import _execution, engine
 from blochsim.engine import chunks
 from blochsim.engine import kernels as K
+from blochsim.engine.program import replay_slots
 from blochsim.sequence import TissueProperties, mrf_description
 from blochsim.simulators import MRFSimulator
 
@@ -112,6 +113,40 @@ def test_peak_memory_under_a_budget():
         # 3 signal-sized arrays of torch's loss backward, plus 2 MiB of allocator rounding per array.
         assert extra <= budget + 3 * signal_bytes + 8 * 2**20, (budget, extra)
         assert rel_max_err(grad, reference) <= 1e-5
+
+
+def test_chunked_real_gradient_stores_a_state_per_pass(monkeypatch):
+    """The real plain adjoint's store on the card keeps a state per pass of a replayed stretch, not per event
+    (checkpoint_slots, counted on the host from the action array structure_on placed there): a gradient
+    chunked by a budget launches with slots fewer than its stride (a third of the MRF train's events pass),
+    and its gradient is the host's (1e-4: first derivatives, float32 against the host; tests/test_cuda.py's
+    budget)."""
+    n, reps = 4000, 200
+    launched = []
+    call = K._call
+
+    def spy(st, entry, args):
+        if entry == "bs_epg_vjp":
+            launched.append((args.program.checkpoint_stride, args.program.checkpoint_slots))
+        return call(st, entry, args)
+
+    monkeypatch.setattr(K, "_call", spy)
+
+    def gradient(device, policy):
+        flips = _flips(reps, device).requires_grad_()
+        with policy:
+            signal = engine.simulate(mrf_description(flips, 0.01), _tissue("real", n, device), states=STATES)
+            (signal.abs() ** 2).sum().backward()
+        return flips.grad.cpu()
+
+    card = gradient(CARD, blochsim.execution(budget_bytes=8 * 2**20))
+    assert len(launched) > 1, launched  # chunked
+    stride, slots = launched[0]
+    assert 0 < slots < stride, launched
+    program = engine.compile_program(mrf_description(_flips(reps, "cpu"), 0.01), states=STATES)
+    assert slots == replay_slots(program.action, 1, stride)
+    host = gradient(torch.device("cpu"), blochsim.execution("cpu"))
+    assert rel_max_err(card, host) <= 1e-4
 
 
 def test_offload_host_tensors():
