@@ -117,10 +117,11 @@ def test_peak_memory_under_a_budget():
 
 def test_chunked_real_gradient_stores_a_state_per_pass(monkeypatch):
     """The real plain adjoint's store on the card keeps a state per pass of a replayed stretch, not per event
-    (checkpoint_slots, counted on the host from the action array structure_on placed there): a gradient
-    chunked by a budget launches with slots fewer than its stride (a third of the MRF train's events pass),
-    and its gradient is the host's (1e-4: first derivatives, float32 against the host; tests/test_cuda.py's
-    budget)."""
+    (checkpoint_slots, counted on the host from the action array structure_on placed there). Through
+    MRFSimulator, flips and tissue made on the card, a gradient chunked by a budget launches with slots fewer
+    than its stride (a third of the MRF train's events pass), as program.replay_slots counts them, and its
+    flip and T1 gradients are the host's (1e-4: first derivatives, float32 against the host;
+    tests/test_cuda.py's budget)."""
     n, reps = 4000, 200
     launched = []
     call = K._call
@@ -131,22 +132,26 @@ def test_chunked_real_gradient_stores_a_state_per_pass(monkeypatch):
         return call(st, entry, args)
 
     monkeypatch.setattr(K, "_call", spy)
+    sim = MRFSimulator(flip=torch.rad2deg(_flips(reps, "cpu")), TR=10.0, states=STATES)
 
-    def gradient(device, policy):
-        flips = _flips(reps, device).requires_grad_()
+    def gradients(device, policy):
+        tissue = _tissue("real", n, device)
+        flips = torch.rad2deg(_flips(reps, device)).float().requires_grad_()
+        t1 = tissue.t1_ms.clone().requires_grad_()
         with policy:
-            signal = engine.simulate(mrf_description(flips, 0.01), _tissue("real", n, device), states=STATES)
+            signal = sim.simulate(flip=flips, T1=t1, T2=tissue.t2_ms)
             (signal.abs() ** 2).sum().backward()
-        return flips.grad.cpu()
+        return flips.grad.cpu(), t1.grad.cpu()
 
-    card = gradient(CARD, blochsim.execution(budget_bytes=8 * 2**20))
+    card = gradients(CARD, blochsim.execution(budget_bytes=8 * 2**20))
     assert len(launched) > 1, launched  # chunked
     stride, slots = launched[0]
     assert 0 < slots < stride, launched
-    program = engine.compile_program(mrf_description(_flips(reps, "cpu"), 0.01), states=STATES)
+    program = engine.compile_program(sim.describe(), states=STATES)
     assert slots == replay_slots(program.action, 1, stride)
-    host = gradient(torch.device("cpu"), blochsim.execution("cpu"))
-    assert rel_max_err(card, host) <= 1e-4
+    host = gradients(torch.device("cpu"), blochsim.execution("cpu"))
+    for got, want in zip(card, host, strict=True):
+        assert rel_max_err(got, want) <= 1e-4
 
 
 def test_offload_host_tensors():

@@ -247,6 +247,7 @@ def _fold(inputs, grads):
 
 
 _PASSES = {"bs_epg_forward": 0, "bs_epg_jvp": 1, "bs_epg_vjp": 2, "bs_epg_vjp_jvp": 3}
+_ADJOINTS = ("bs_epg_vjp", "bs_epg_vjp_jvp")
 
 
 def _call(st: Static, entry: str, args) -> None:
@@ -298,8 +299,7 @@ class _Placed:
         self.stride = st.checkpoint_stride
         # An adjoint's store keeps a state per pass of a replayed stretch, not per event, where the action
         # array is on the host (on a card: placed there by Program.structure_on), read without a sync.
-        adjoint = entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")
-        self.slots_at = slots_at(st.action, st.num_repetitions) if adjoint else (lambda stride: 0)
+        self.slots_at = slots_at(st.action, st.num_repetitions) if entry in _ADJOINTS else (lambda stride: 0)
         device = runner.device
         if device.type == "cuda" and st.dtype != torch.float32:
             raise ValueError(f"the execution policy runs this {label} on {device}, whose kernels take float32; "
@@ -334,8 +334,7 @@ class _Placed:
         runner = self.runner
         at = None if scratch is None else (lambda s: (lambda c: scratch(c, s)))
         chunk = runner.chunk(per_voxel, None if at is None else at(self.stride))
-        adjoint = entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")
-        if adjoint and at is not None and chunk < st.num_voxels:
+        if entry in _ADJOINTS and at is not None and chunk < st.num_voxels:
             events = st.num_events * st.num_repetitions
             stride = chunks.least_scratch_stride(events, self.stride, lambda s: scratch(st.num_voxels, s))
             if stride != self.stride:

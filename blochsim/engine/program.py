@@ -160,6 +160,7 @@ _HOST_ACTIONS = torch.utils.weak.WeakIdKeyDictionary()
 #: replay_slots per action tensor, by (repetitions, stride): a call's plan asks for several strides, and
 #: calls repeat.
 _SLOTS = torch.utils.weak.WeakIdKeyDictionary()
+#: The actions of an event that makes a pass over the states (event_loop.hpp passes_over_states).
 _PASS = nat.INTERVAL | nat.INVERSION | nat.ROTATE
 
 

@@ -268,13 +268,19 @@ template <class N>
 BS_HD void put_sample(KeptF0<N>* io, int32_t, const N& f0, const Cx<N>&) {
   io->f0 = f0;
 }
+// Whether the real plain path's event makes a pass over the orders (relaxes, rotates or inverts): what
+// step_forward_plain writes, the plain adjoints keep a slot for, and checkpoint_slots counts (on the host:
+// make_problem here, engine/program.py replay_slots in Python).
+BS_HD bool passes_over_states(int32_t action) {
+  return (action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) != 0;
+}
 template <class N, class IO>
 BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
   constexpr bool kInPlace = PassesInPlace<N>::value;
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
   bool wrote = false;
-  if (pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) {
+  if (passes_over_states(pe.action)) {
     N E2 = pe.E2;
     if (defer.spoiled) {
       E2 = N(0);
@@ -330,7 +336,7 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
   using R = typename Num<N>::Real;
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
-  const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+  const bool pass = passes_over_states(pe.action);
   if (!pass && pe.record < 0) return;  // the event only carried shifts or a spoiler forward
   const bool spoiled_before = defer.spoiled;  // the pass then took E2 = 0
   N E2 = pe.E2;
@@ -687,9 +693,10 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // stretch is replayed from its checkpoint, keeping the state before each pass once per write (passes after
 // events that leave the states alone share the slot before them) and, of an event that only samples, the
 // f0 it read (a number, not a slot: half of an MRF train's slots), and walked back. Store: the slots
-// (replay_slots: one per pass where the caller counted them, else one per event), the checkpoints, the checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's
-// registers hold two states at a time, not three (store_states). The sweep's
-// samples go to io where it writes the signal, else nowhere, with the shifts falling alike (DiscardSamples).
+// (replay_slots: one per pass where the caller counted them, else one per event), the checkpoints, the
+// checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's registers hold two states
+// at a time, not three (store_states). The sweep's samples go to io where it writes the signal, else
+// nowhere, with the shifts falling alike (DiscardSamples).
 template <class N, class S, class R, class EG>
 BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
                            Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg) {
@@ -740,7 +747,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
         e = 0;
         ++rep;
       }
-      const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+      const bool pass = passes_over_states(pe.action);
       // An event that only samples names slot 0, which its backward does not read: choosing between two
       // states there put the register kernel's states on the stack (ptxas: a 2,224-byte frame).
       slot_of[i - i0] = 0;
@@ -769,7 +776,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       }
       const Cx<N> demod = sample_turn(ev, true);
       const PlainEvent<N> pe = events.at(ev, demod);
-      const bool pass = pe.action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE);
+      const bool pass = passes_over_states(pe.action);
       if (!pass && pe.record < 0) continue;  // nothing to undo
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two

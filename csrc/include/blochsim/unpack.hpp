@@ -107,7 +107,7 @@ Problem<R> make_problem(const bs_program& pg, const bs_tissue& ts, const bs_tang
     for (int64_t i0 = 0, n = pb.E * pb.reps; i0 < n; i0 += pb.stride) {
       int64_t passes = 0;
       for (int64_t i = i0; i < i0 + pb.stride && i < n; ++i)
-        passes += (pb.action[i % pb.E] & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) ? 1 : 0;
+        passes += passes_over_states(pb.action[i % pb.E]) ? 1 : 0;
       if (passes > pb.slots)
         throw std::invalid_argument("checkpoint_slots " + std::to_string(pb.slots) + " is fewer than the " +
                                     std::to_string(passes) + " events that touch the states in the stretch from event " +
