@@ -372,12 +372,12 @@ BS_HD void order_factors(const Interval<N>& c, int64_t k, Cx<N>& ap, Cx<N>& am, 
 }
 
 template <class N>
-BS_HD void apply_factor(Cx<N>& x, const Cx<N>& a) {
-  x = a * x;
+BS_HD Cx<N> factor_times(const Cx<N>& a, const Cx<N>& x) {
+  return a * x;
 }
 template <class N>
-BS_HD void apply_factor(N& x, const Cx<N>& a) {  // real path: factors are real there
-  x = a.re * x;
+BS_HD N factor_times(const Cx<N>& a, const N& x) {  // real path: factors are real there
+  return a.re * x;
 }
 template <class N>
 BS_HD Cx<N> factor_adjoint(const Cx<N>& lam, const Cx<N>& a) {
@@ -396,22 +396,35 @@ BS_HD Cx<N> as_cx(const N& x) {
   return Cx<N>(x);
 }
 
-// k0: the order of x's first entry (a lane of a warp holds orders k0 .. k0 + K - 1); recovery enters at order 0.
+// From `x` into `out` (the same planes: in place; the adjoint's recomputation reads the state it keeps and
+// writes its scratch, with no copy first). k0: the order of x's first entry (a lane of a warp holds orders
+// k0 .. k0 + K - 1); recovery enters at order 0. Without precession (no B0 map) the factors are real, and
+// the complex path multiplies by them as reals: half the multiplications.
 template <class N, class S>
-BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
+BS_HD void relax_into(Planes<S> out, Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
   if (!c.diffusion && !c.flow) {
     Cx<N> ap, am, az;
     order_factors(c, 0, ap, am, az);
     ap = ap * c.w;
     am = am * c.w;
     az = az * c.w;
-    BS_UNROLL
-    for (int64_t k = 0; k < K; ++k) {
-      apply_factor(x.p[k], ap);
-      apply_factor(x.m[k], am);
-      apply_factor(x.z[k], az);
+    if (!c.offres) {
+      const N fp = ap.re, fm = am.re, fz = az.re;
+      BS_UNROLL
+      for (int64_t k = 0; k < K; ++k) {
+        out.p[k] = x.p[k] * fp;
+        out.m[k] = x.m[k] * fm;
+        out.z[k] = x.z[k] * fz;
+      }
+    } else {
+      BS_UNROLL
+      for (int64_t k = 0; k < K; ++k) {
+        out.p[k] = factor_times(ap, x.p[k]);
+        out.m[k] = factor_times(am, x.m[k]);
+        out.z[k] = factor_times(az, x.z[k]);
+      }
     }
-    if (k0 == 0) x.z[0] += S(-az.re + typename Num<N>::Real(1));
+    if (k0 == 0) out.z[0] += S(-az.re + typename Num<N>::Real(1));
     return;
   }
   Cx<N> az0;
@@ -419,12 +432,16 @@ BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
   for (int64_t k = 0; k < K; ++k) {
     Cx<N> ap, am, az;
     order_factors(c, k + k0, ap, am, az);
-    apply_factor(x.p[k], ap * c.w);
-    apply_factor(x.m[k], am * c.w);
-    apply_factor(x.z[k], az * c.w);
+    out.p[k] = factor_times(ap * c.w, x.p[k]);
+    out.m[k] = factor_times(am * c.w, x.m[k]);
+    out.z[k] = factor_times(az * c.w, x.z[k]);
     if (k == 0) az0 = az * c.w;
   }
-  if (k0 == 0) x.z[0] += S(-az0.re + typename Num<N>::Real(1));
+  if (k0 == 0) out.z[0] += S(-az0.re + typename Num<N>::Real(1));
+}
+template <class N, class S>
+BS_HD void relax(Planes<S> x, int64_t K, const Interval<N>& c, int64_t k0 = 0) {
+  relax_into(x, x, K, c, k0);
 }
 
 // Sums over orders (and pools) of q = conj(lambda') * a_nowash * x, plain and weighted by the order terms
@@ -489,11 +506,21 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     QM = am * as_cx(sm);
     QZ = az * as_cx(sz);
     const Cx<N> wp = ap * c.w, wm = am * c.w, wz = az * c.w;
-    BS_UNROLL
-    for (int64_t k = 0; k < K; ++k) {
-      l.p[k] = factor_adjoint(l.p[k], wp);
-      l.m[k] = factor_adjoint(l.m[k], wm);
-      l.z[k] = factor_adjoint(l.z[k], wz);
+    if (!c.offres) {  // real factors (relax_into)
+      const N fp = wp.re, fm = wm.re, fz = wz.re;
+      BS_UNROLL
+      for (int64_t k = 0; k < K; ++k) {
+        l.p[k] = l.p[k] * fp;
+        l.m[k] = l.m[k] * fm;
+        l.z[k] = l.z[k] * fz;
+      }
+    } else {
+      BS_UNROLL
+      for (int64_t k = 0; k < K; ++k) {
+        l.p[k] = factor_adjoint(l.p[k], wp);
+        l.m[k] = factor_adjoint(l.m[k], wm);
+        l.z[k] = factor_adjoint(l.z[k], wz);
+      }
     }
   } else {
   BS_UNROLL
@@ -579,31 +606,44 @@ BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<N>& r) {
     x.z[k] = mul_i(r.e1hs * M - conj(r.e1hs) * P) + Z * r.ca;
   }
 }
-// x: state before the rotation. Adds d/d alpha and d/d phi.
+// x: state before the rotation. Adds d/d alpha and d/d phi. Each is Re(lambda'^H D x) summed over the
+// orders, D = dR/d alpha or dR/d phi (3 x 3 in (F+, F-, Z); R's entries as `rotate` forms them), so the
+// orders give the nine sums S_ij = sum_k conj(lambda'_i) x_j once and the two D meet them once a pulse:
+// Re sum_ij D_ij S_ij. D's diagonal is real (zero for phi), so S_ii is needed in its real part only. An
+// order then costs 30 multiply-adds for both gradients, where forming D x per order took about 200.
 template <class N>
 BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rotation<N>& r, N& g_alpha,
                           N& g_phi) {
   using R = typename Num<N>::Real;
-  const N half_ca = r.ca * R(0.5);
+  N sPP = N(0), sMM = N(0), sZZ = N(0);
+  Cx<N> sPM, sPZ, sMP, sMZ, sZP, sZM;
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const Cx<N> P = x.p[k], M = x.m[k], Z = x.z[k];
     const Cx<N> lP = l.p[k], lM = l.m[k], lZ = l.z[k];
-    // d/d alpha of the rotated state
-    const Cx<N> dP = r.e2 * (M * r.half_sa) - P * r.half_sa - mul_i(r.e1 * (Z * r.ca));
-    const Cx<N> dM = conj(r.e2) * (P * r.half_sa) - M * r.half_sa + mul_i(conj(r.e1) * (Z * r.ca));
-    const Cx<N> dZ = mul_i(r.e1 * (M * half_ca) - conj(r.e1) * (P * half_ca)) - Z * r.sa;
-    g_alpha += re_dot(lP, dP) + re_dot(lM, dM) + re_dot(lZ, dZ);
-    // d/d phi
-    const Cx<N> fP = mul_i(r.e2 * (M * (r.s2 * R(2)))) + r.e1 * (Z * r.sa);
-    const Cx<N> fM = conj(r.e1) * (Z * r.sa) - mul_i(conj(r.e2) * (P * (r.s2 * R(2))));
-    const Cx<N> fZ = -(conj(r.e1) * (P * r.half_sa) + r.e1 * (M * r.half_sa));
-    g_phi += re_dot(lP, fP) + re_dot(lM, fM) + re_dot(lZ, fZ);
+    sPP += re_dot(lP, P);
+    sMM += re_dot(lM, M);
+    sZZ += re_dot(lZ, Z);
+    sPM += conj(lP) * M;
+    sPZ += conj(lP) * Z;
+    sMP += conj(lM) * P;
+    sMZ += conj(lM) * Z;
+    sZP += conj(lZ) * P;
+    sZM += conj(lZ) * M;
     // lambda <- R^H lambda'
-    l.p[k] = lP * r.c2 + r.e2 * (lM * r.s2) + mul_i(r.e1 * (lZ * r.half_sa));
-    l.m[k] = conj(r.e2) * (lP * r.s2) + lM * r.c2 - mul_i(conj(r.e1) * (lZ * r.half_sa));
-    l.z[k] = mul_i(conj(r.e1) * (lP * r.sa) - r.e1 * (lM * r.sa)) + lZ * r.ca;
+    l.p[k] = lP * r.c2 + r.e2s2 * lM + mul_i(r.e1hs * lZ);
+    l.m[k] = conj(r.e2s2) * lP + lM * r.c2 - mul_i(conj(r.e1hs) * lZ);
+    l.z[k] = mul_i(conj(r.e1sa) * lP - r.e1sa * lM) + lZ * r.ca;
   }
+  // dR/d alpha = [[-hs, e2 hs, -i e1 ca], [e2* hs, -hs, i e1* ca], [-i e1* ca/2, i e1 ca/2, -sa]] (hs = sa/2);
+  // dR/d phi = [[0, 2i e2 s2, e1 sa], [-2i e2* s2, 0, e1* sa], [-e1* hs, -e1 hs, 0]].
+  const N half_ca = r.ca * R(0.5), two_s2 = r.s2 * R(2);
+  const Cx<N> e1 = r.e1, e2 = r.e2;
+  g_alpha += -(r.half_sa * (sPP + sMM)) - r.sa * sZZ +
+             re((e2 * r.half_sa) * sPM + conj(e2) * r.half_sa * sMP) +
+             re(mul_i(conj(e1) * r.ca * sMZ - e1 * r.ca * sPZ) + mul_i(e1 * half_ca * sZM - conj(e1) * half_ca * sZP));
+  g_phi += re(mul_i(e2 * two_s2 * sPM - conj(e2) * two_s2 * sMP)) + re(r.e1sa * sPZ + conj(r.e1sa) * sMZ) -
+           re(conj(r.e1hs) * sZP + r.e1hs * sZM);
 }
 
 // Real path: f, g, z with F+ = -i f, F- = i g in the frame of the common pulse axis. With c2 = 1 - s2,
