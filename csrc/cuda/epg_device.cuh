@@ -717,8 +717,20 @@ struct LanesTotal {
   }
 };
 
+// The complex adjoint a voxel a warp (one order a lane, pool model 0) is held to the 128 registers and four
+// blocks a multiprocessor it was measured at: its rotation adjoint from nine sums over the orders (epg.hpp)
+// asked ptxas for 149 (three blocks), and fits 128 without spilling. 0: no minimum, ptxas's own choice (as
+// with no second argument; an explicit 1 lets it take up to 255 registers, which it then does).
+template <class N, class S, int KPL, int LAYOUT, int LANES>
+constexpr int adjoint_lanes_blocks_per_sm() {
+  return std::is_same<N, float>::value && std::is_same<S, Cx<float>>::value && KPL == 1 && LAYOUT == kModel0 &&
+                 LANES == 32
+             ? 4
+             : 0;
+}
+
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
+__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                        DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
                                                        N* table_scratch) {
   static_assert(LANES == 32 || LAYOUT == kModel0, "groups of lanes are compiled for pool model 0");
