@@ -408,7 +408,7 @@ BS_HD void relax_into(Planes<S> out, Planes<S> x, int64_t K, const Interval<N>& 
     ap = ap * c.w;
     am = am * c.w;
     az = az * c.w;
-    if (!c.offres) {
+    if (!std::is_same<S, N>::value && !c.offres) {  // the real path's factors are real already
       const N fp = ap.re, fm = am.re, fz = az.re;
       BS_UNROLL
       for (int64_t k = 0; k < K; ++k) {
@@ -506,7 +506,7 @@ BS_HD void relax_adjoint(Planes<S> l, Planes<S> x, int64_t K, const Interval<N>&
     QM = am * as_cx(sm);
     QZ = az * as_cx(sz);
     const Cx<N> wp = ap * c.w, wm = am * c.w, wz = az * c.w;
-    if (!c.offres) {  // real factors (relax_into)
+    if (!std::is_same<S, N>::value && !c.offres) {  // real factors (relax_into)
       const N fp = wp.re, fm = wm.re, fz = wz.re;
       BS_UNROLL
       for (int64_t k = 0; k < K; ++k) {

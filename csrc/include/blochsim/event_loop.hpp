@@ -431,19 +431,22 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
                         const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = l.K;
-  // Recompute the state ahead of the RF / ADC in tmp (tabulated: from the kept products, no table products;
-  // else relaxed from x_pre out of place: pool model 0, the one untabulated layout, holds pool 0's planes
-  // alone, make_problem).
+  // Recompute the state ahead of the RF / ADC in tmp (tabulated: from the kept products, no table products).
+  // The complex path relaxes x_pre into tmp, with no copy first (pool model 0, the one untabulated layout,
+  // holds pool 0's planes alone: make_problem); the real path copies and relaxes in place, as the device's
+  // real adjoints were measured with (the same change moved ptxas's registers and spills both ways there).
   Interval<N> iv;
+  const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
+  const bool from_kept = complex_path && !pb.tabulated && (ev.action & BS_INTERVAL);
+  if (!from_products && !from_kept && adjoint_reads_state(ev)) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
     iv = make_interval(pb, t, ev);
-    if (pb.tabulated) {
+    if (pb.tabulated)
       relax_from_products(pb, v, iv, kept, tmp);
-    } else {
+    else if (from_kept)
       relax_into(tmp.water(0), x_pre.water(0), K, iv, tmp.k0);
-    }
-  } else if (adjoint_reads_state(ev)) {
-    copy_state(tmp, x_pre);
+    else
+      relax(tmp.water(0), K, iv, tmp.k0);
   }
   if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < tmp.nt; ++p) shift(tmp.water(p), K);
