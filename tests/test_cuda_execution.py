@@ -154,6 +154,44 @@ def test_chunked_real_gradient_stores_a_state_per_pass(monkeypatch):
         assert rel_max_err(got, want) <= 1e-4
 
 
+@pytest.mark.parametrize("b0", (False, True), ids=("no-b0", "b0"))
+def test_complex_gradients_through_the_simulator_match_the_host(b0):
+    """The complex path's adjoints on the card (the rotation adjoint from nine sums over the orders, epg.hpp;
+    relaxation by real factors where no B0 map turns it, relax_into; the one-order-a-lane adjoint held at
+    128 registers, adjoint_lanes_blocks_per_sm), as users call them: MRFSimulator with quadratic RF phases,
+    flips, phases, T1 and T2 (and B0) made on the card. The flip, phase and T1 gradients of sum |s|^2 and
+    blochsim.hvp along a fixed direction in the flips equal the host's: 1e-4 for first derivatives, 1e-3 for
+    the second order (tests/test_cuda.py's budgets). B0's own gradient is not compared: sum |s|^2 barely
+    depends on it (~1e-9), below any relative budget."""
+    n, reps = 2000, 100
+    sim = MRFSimulator(flip=torch.linspace(5, 60, reps), TR=10.0, states=STATES)
+
+    def run(device):
+        tissue = _tissue("real", n, device)
+        flips = torch.linspace(5, 60, reps, device=device).requires_grad_()
+        k = torch.arange(reps, device=device, dtype=torch.float32)
+        phases = (117.0 * k * (k + 1) / 2 % 360).requires_grad_()
+        t1 = tissue.t1_ms.clone().requires_grad_()
+        extra = {"B0": torch.linspace(-20, 20, n, device=device)} if b0 else {}
+        signal = sim.simulate(flip=flips, phases=phases, T1=t1, T2=tissue.t2_ms, **extra)
+        assert signal.device.type == device.type  # ran where the tensors were made
+        grads = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, phases, t1])
+
+        def cost(f):
+            s = sim.simulate(flip=f, phases=phases.detach(), T1=tissue.t1_ms, T2=tissue.t2_ms, **extra)
+            return (s.abs() ** 2).sum()
+
+        direction = torch.randn(reps, generator=torch.Generator().manual_seed(0)).to(device)
+        product = blochsim.hvp(cost, flips.detach(), direction)
+        return [signal.detach().cpu(), *(g.cpu() for g in grads), product.cpu()]
+
+    card, host = run(CARD), run(torch.device("cpu"))
+    assert rel_max_err(card[0], host[0]) <= 1e-5
+    for got, want in zip(card[1:4], host[1:4], strict=True):
+        assert rel_max_err(got, want) <= 1e-4
+    assert rel_max_err(card[4], host[4]) <= 1e-3
+
+
 def test_offload_host_tensors():
     """offload() and execution("cuda") run host tensors on the card in chunks; results and gradients come back
     to the host, within the host-versus-card budget of the host build's own results."""
