@@ -32,7 +32,7 @@ from kernel_cases import INCUMBENT_MS, POOLS, STATES, case_train, flips_deg, mea
 
 import blochsim
 from blochsim import _execution
-from blochsim.engine import chunks
+from blochsim.engine import chunks, kernels
 from blochsim.model import PUBLIC_FIELDS
 from blochsim.simulators import MRFSimulator
 
@@ -84,6 +84,19 @@ def case_fn(name: str, n: int, device):
     raise ValueError(name)
 
 
+def force_stride(stride: int) -> None:
+    """Every adjoint the engine plans takes `stride` (an experiment: which stride a launch rule should pick)."""
+    chunks.least_scratch_stride = lambda events, given, scratch_at: stride
+    plan = kernels._Placed._plan
+
+    def planned(self, st, entry, per_voxel, scratch):
+        if entry in kernels._ADJOINTS:
+            self.stride = stride
+        return plan(self, st, entry, per_voxel, scratch)
+
+    kernels._Placed._plan = planned
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -97,12 +110,13 @@ def main() -> None:
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help="the three big cases (default: on CUDA without --quick, --cases or --n)")
     parser.add_argument("--stride", type=int,
-                        help="an experiment: chunked adjoints take this checkpoint stride, not the least-scratch one "
-                             "their plan picks (engine.chunks.least_scratch_stride)")
+                        help="an experiment: every adjoint launch on the card takes this checkpoint stride (events a "
+                             "stretch), not the one its plan picks (4, or the least-scratch one where a call is "
+                             "chunked: engine.chunks.least_scratch_stride)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     if args.stride:
-        chunks.least_scratch_stride = lambda events, stride, scratch_at: args.stride
+        force_stride(args.stride)
     cases = select_cases(list(INCUMBENT_MS), args.cases, args.n, args.quick)
     if args.scratch_mib:
         _execution.DEFAULT_SCRATCH_BYTES = _execution.SECOND_ORDER_SCRATCH_BYTES = args.scratch_mib * 2**20

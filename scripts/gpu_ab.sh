@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A/B of CUDA kernel variants through the public API on the lent card (run from the repo root).
+#
+# Builds the tree's CUDA library (build/gpu, as scripts/run_gpu_tests.sh does: a call after that one builds
+# nothing) and one library per variant named in VARIANTS, each the tree with benchmarks/variants/<name>.patch
+# applied (build/gpu-ab/<name>, from a copy made once: a later call on a warm machine rebuilds nothing), then
+# runs benchmarks/api_cases.py on each library in turn,
+# ROUNDS times, alternating, so that each comparison is read within one run on one card. STRIDES adds the
+# base library at each forced checkpoint stride (api_cases --stride: every adjoint launch) to every round.
+#
+#   VARIANTS="lambda-in-registers" CASES="epg_real_grad" N="2000 100000 1000000" ROUNDS=2 STRIDES="3 9 15" \
+#     COMMIT=<short commit> bash scripts/gpu_ab.sh
+#
+# Each run writes its record under $OUT/ab/<library>[-s<stride>]-r<round>/ with BLOCHSIM_RECORD_COMMIT set
+# to COMMIT[+variant], and the script prints every run's table. BUILD_ONLY=1 stops after the builds (a
+# call of its own where the builds and the runs would not fit one call's time).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/blochsim-ab}
+mkdir -p "$out/ab"
+commit=${COMMIT:-nogit}
+rounds=${ROUNDS:-2}
+root=$PWD
+
+libdir() { [ "$1" = base ] && echo "$root/build/gpu" || echo "$root/build/gpu-ab/$1"; }
+build() {  # build <name> <source dir>
+  local dir
+  dir=$(libdir "$1")
+  local start=$SECONDS
+  cmake -S "$2" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
+        -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake-$1.log" 2>&1 || { tail -30 "$out/cmake-$1.log"; return 1; }
+  ninja -C "$dir" -j "$(nproc)" blochsim_cpu blochsim_cuda >"$out/build-$1.log" 2>&1 ||
+    { grep -E "error" "$out/build-$1.log" | head -30; return 1; }
+  echo "build $1: $((SECONDS - start)) s"
+}
+
+# The tree with a variant's patch applied: the library's sources only (the Python package is the tree's).
+variant_tree() {  # variant_tree <name> -> prints the source dir
+  local src=$root/build/gpu-ab/src-$1
+  if [ ! -d "$src" ]; then
+    mkdir -p "$src/blochsim"
+    cp -r CMakeLists.txt csrc scripts "$src/" && cp blochsim/_version.py "$src/blochsim/"
+    (cd "$src" && patch -p1 -s <"$root/benchmarks/variants/$1.patch") >&2 || { rm -rf "$src"; return 1; }
+  fi
+  echo "$src"
+}
+
+build base "$root" || exit 1
+libraries=(base)
+for name in ${VARIANTS:-}; do
+  src=$(variant_tree "$name") || { echo "variant $name: the patch does not apply"; exit 1; }
+  build "$name" "$src" || exit 1
+  libraries+=("$name")
+done
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+run() {  # run <library> <tag> [api_cases arguments...]
+  local lib=$1 tag=$2
+  shift 2
+  local suffix=""
+  [ "$lib" != base ] && suffix="+$lib"
+  mkdir -p "$out/ab/$tag"
+  echo "== $tag"
+  BLOCHSIM_CPU_LIBRARY=$(libdir "$lib")/libblochsim_cpu.so BLOCHSIM_CUDA_LIBRARY=$(libdir "$lib")/libblochsim_cuda.so \
+    BLOCHSIM_RECORD_COMMIT="$commit$suffix" PYTHONPATH=$root \
+    python3 benchmarks/api_cases.py --device cuda ${CASES:+--cases $CASES} ${N:+--n $N} --out "$out/ab/$tag" "$@" 2>&1
+}
+for ((r = 1; r <= rounds; r++)); do
+  for lib in "${libraries[@]}"; do
+    run "$lib" "$lib-r$r"
+  done
+  for stride in ${STRIDES:-}; do
+    run base "base-s$stride-r$r" --stride "$stride"
+  done
+done
