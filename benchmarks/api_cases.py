@@ -9,6 +9,11 @@ trains and tissue are those of kernel_cases.py (500 TRs for `epg_*`, quadratic R
 (torch.cuda.max_memory_allocated after a reset, with the tissue already on the card), beside the
 incumbent's H200 time (kernel_cases.INCUMBENT_MS) and peak (INCUMBENT_MIB, issue 21) and the ratios.
 
+Every derivative case (`_grad`, `_hvp`) is timed beside the forward of the same train and tissues at the same
+count, run just before it (added where the list lacks it): its row carries that forward's median and the
+ratio of the two (`forward_ms`, `over_forward`; issue 29's bounds, 5 for a gradient and 12 for an HVP, are on
+that ratio), read from one run.
+
 Three big cases run after them (`--big`, on by default on CUDA): a 1M-voxel real gradient, a 200k-voxel real
 HVP and a 1M-voxel 5-pool forward; each must peak under 16 GB (BIG_LIMIT_BYTES).
 
@@ -84,6 +89,26 @@ def case_fn(name: str, n: int, device):
     raise ValueError(name)
 
 
+def forward_of(name: str) -> str | None:
+    """The value forward of a derivative case (epg_real_grad -> epg_real); None for a forward."""
+    family, _, kind = name.rpartition("_")
+    return family if kind in ("grad", "hvp") else None
+
+
+def with_forwards(cases: list) -> list:
+    """The cases with each derivative's forward at its count run just before it, where the list lacks one
+    earlier (a big case's forward is big too)."""
+    out, seen = [], set()
+    for name, n, *tag in cases:
+        forward = forward_of(name)
+        if forward and (forward, n) not in seen:
+            out.append((forward, n, *tag))
+            seen.add((forward, n))
+        out.append((name, n, *tag))
+        seen.add((name, n))
+    return out
+
+
 def force_stride(stride: int) -> None:
     """Every adjoint the engine plans takes `stride` (an experiment: which stride a launch rule should pick)."""
     chunks.least_scratch_stride = lambda events, given, scratch_at: stride
@@ -124,6 +149,7 @@ def main() -> None:
     big = args.big if args.big is not None else (device.type == "cuda" and not (args.quick or args.cases or args.n))
     if big:
         cases += [(name, n, "big") for name, n in BIG_CASES]
+    cases = with_forwards(cases)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     policy = blochsim.execution(budget_bytes=args.budget_mib * 2**20) if args.budget_mib else contextlib.nullcontext()
     record = {"task": "api_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -131,8 +157,9 @@ def main() -> None:
               "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20,
               "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20, "stride": args.stride,
               "results": []}
-    print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'inc ms':>9}{'ratio':>7}{'peak MiB':>10}"
-          f"{'inc MiB':>9}{'ratio':>7}")
+    print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'x fwd':>7}{'inc ms':>9}{'ratio':>7}"
+          f"{'peak MiB':>10}{'inc MiB':>9}{'ratio':>7}")
+    medians: dict = {}  # (case, n) -> median ms, for the derivatives' ratios to their forwards
     for name, n, *tag in cases:
         with policy:
             fn = case_fn(name, n, device)
@@ -146,6 +173,11 @@ def main() -> None:
         if tag:
             row["peak_limit_bytes"] = BIG_LIMIT_BYTES
             row["within_limit"] = None if peak is None else peak <= BIG_LIMIT_BYTES
+        forward = forward_of(name)
+        if forward:
+            row["forward_ms"] = medians.get((forward, n))
+            row["over_forward"] = row["median_ms"] / row["forward_ms"] if row["forward_ms"] else None
+        medians[name, n] = row["median_ms"]
         record["results"].append(row)
 
         def cell(value, width, fmt):
@@ -153,7 +185,8 @@ def main() -> None:
 
         note = "" if not tag else ("  (big: under 16 GB)" if row.get("within_limit") else
                                    "  (big: OVER 16 GB)" if row.get("within_limit") is False else "  (big)")
-        print(f"{name:<18}{n:>9}{1e3 * first:>10.1f}{1e3 * median:>11.2f}{cell(inc_ms, 9, '.1f')}"
+        print(f"{name:<18}{n:>9}{1e3 * first:>10.1f}{1e3 * median:>11.2f}{cell(row.get('over_forward'), 7, '.1f')}"
+              f"{cell(inc_ms, 9, '.1f')}"
               f"{cell(row['time_ratio'], 7, '.2f')}{cell(peak_mib, 10, '.1f')}{cell(inc_mib, 9, 'd')}"
               f"{cell(row['peak_ratio'], 7, '.2f')}{note}", flush=True)
         del fn
