@@ -8,7 +8,7 @@
 # ROUNDS times, alternating, so that each comparison is read within one run on one card. STRIDES adds the
 # base library at each forced checkpoint stride (api_cases --stride: every adjoint launch) to every round.
 #
-#   VARIANTS="lambda-in-registers" CASES="epg_real_grad" N="2000 100000 1000000" ROUNDS=2 STRIDES="3 9 15" \
+#   VARIANTS="lambda-in-registers replay-to-last-pass" CASES="epg_real_grad" N="2000 100000 1000000" ROUNDS=2 STRIDES="3 9 15" \
 #     COMMIT=<short commit> bash scripts/gpu_ab.sh
 #
 # Each run writes its record under $OUT/ab/<library>[-s<stride>]-r<round>/ with BLOCHSIM_RECORD_COMMIT set
