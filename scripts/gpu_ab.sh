@@ -6,12 +6,14 @@
 # applied (build/gpu-ab/<name>, from a copy made once: a later call on a warm machine rebuilds nothing), then
 # runs benchmarks/api_cases.py on each library in turn,
 # ROUNDS times, alternating, so that each comparison is read within one run on one card. STRIDES adds the
-# base library at each forced checkpoint stride (api_cases --stride: every adjoint launch) to every round.
+# base library at each forced checkpoint stride (api_cases --stride: every adjoint launch) to every round,
+# SCRATCH_MIB at each scratch cap (api_cases --scratch-mib: an adjoint then holds up to that much, where its
+# own call's arrays come to less; the peaks show what it costs).
 #
 #   VARIANTS="lambda-in-registers replay-to-last-pass" CASES="epg_real_grad" N="2000 100000 1000000" ROUNDS=2 STRIDES="3 9 15" \
 #     COMMIT=<short commit> bash scripts/gpu_ab.sh
 #
-# Each run writes its record under $OUT/ab/<library>[-s<stride>]-r<round>/ with BLOCHSIM_RECORD_COMMIT set
+# Each run writes its record under $OUT/ab/<library>[-s<stride>|-m<MiB>]-r<round>/ with BLOCHSIM_RECORD_COMMIT set
 # to COMMIT[+variant], and the script prints every run's table. BUILD_ONLY=1 stops after the builds (a
 # call of its own where the builds and the runs would not fit one call's time).
 set -uo pipefail
@@ -72,5 +74,8 @@ for ((r = 1; r <= rounds; r++)); do
   done
   for stride in ${STRIDES:-}; do
     run base "base-s$stride-r$r" --stride "$stride"
+  done
+  for mib in ${SCRATCH_MIB:-}; do
+    run base "base-m$mib-r$r" --scratch-mib "$mib"
   done
 done
