@@ -4,18 +4,20 @@
 # Builds the tree's CUDA library (build/gpu, as scripts/run_gpu_tests.sh does: a call after that one builds
 # nothing) and one library per variant named in VARIANTS, each the tree with benchmarks/variants/<name>.patch
 # applied (build/gpu-ab/<name>, from a copy made once: a later call on a warm machine rebuilds nothing), then
-# runs benchmarks/api_cases.py on each library in turn,
-# ROUNDS times, alternating, so that each comparison is read within one run on one card. STRIDES adds the
-# base library at each forced checkpoint stride (api_cases --stride: every adjoint launch) to every round,
-# SCRATCH_MIB at each scratch cap (api_cases --scratch-mib: an adjoint then holds up to that much, where its
-# own call's arrays come to less; the peaks show what it costs).
+# runs benchmarks/api_cases.py on each library in turn, ROUNDS times, alternating, so that each comparison is
+# read within one run on one card. STRIDES adds each library at each forced checkpoint stride (api_cases
+# --stride: every adjoint launch) to every round, and SCRATCH_MIB the tree's library at each scratch cap
+# (api_cases --scratch-mib: an adjoint then holds up to that much where its own call's arrays come to less;
+# the peaks show what it costs).
 #
-#   VARIANTS="lambda-in-registers replay-to-last-pass" CASES="epg_real_grad" N="2000 100000 1000000" ROUNDS=2 STRIDES="3 9 15" \
-#     COMMIT=<short commit> bash scripts/gpu_ab.sh
+#   VARIANTS="replay-to-last-pass" CASES="epg_real_grad" N="2000 20000" STRIDES="3" COMMIT=<commit> \
+#     bash scripts/gpu_ab.sh
+#   VARIANTS="lambda-in-registers" CASES="epg_real_grad" N="100000 1000000" STRIDES="9 15" SCRATCH_MIB="768" \
+#     COMMIT=<commit> bash scripts/gpu_ab.sh
 #
-# Each run writes its record under $OUT/ab/<library>[-s<stride>|-m<MiB>]-r<round>/ with BLOCHSIM_RECORD_COMMIT set
-# to COMMIT[+variant], and the script prints every run's table. BUILD_ONLY=1 stops after the builds (a
-# call of its own where the builds and the runs would not fit one call's time).
+# Each run writes its record under $OUT/ab/<library>[-s<stride>|-m<MiB>]-r<round>/ with
+# BLOCHSIM_RECORD_COMMIT set to COMMIT[+variant], and the script prints every run's table. BUILD_ONLY=1 stops
+# after the builds (a call of its own where the builds and the runs would not fit one call's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/blochsim-ab}
@@ -64,16 +66,19 @@ run() {  # run <library> <tag> [api_cases arguments...]
   [ "$lib" != base ] && suffix="+$lib"
   mkdir -p "$out/ab/$tag"
   echo "== $tag"
-  BLOCHSIM_CPU_LIBRARY=$(libdir "$lib")/libblochsim_cpu.so BLOCHSIM_CUDA_LIBRARY=$(libdir "$lib")/libblochsim_cuda.so \
+  local dir
+  dir=$(libdir "$lib")
+  BLOCHSIM_CPU_LIBRARY=$dir/libblochsim_cpu.so BLOCHSIM_CUDA_LIBRARY=$dir/libblochsim_cuda.so \
     BLOCHSIM_RECORD_COMMIT="$commit$suffix" PYTHONPATH=$root \
-    python3 benchmarks/api_cases.py --device cuda ${CASES:+--cases $CASES} ${N:+--n $N} --out "$out/ab/$tag" "$@" 2>&1
+    python3 benchmarks/api_cases.py --device cuda ${CASES:+--cases $CASES} ${N:+--n $N} \
+    --out "$out/ab/$tag" "$@" 2>&1
 }
 for ((r = 1; r <= rounds; r++)); do
   for lib in "${libraries[@]}"; do
     run "$lib" "$lib-r$r"
-  done
-  for stride in ${STRIDES:-}; do
-    run base "base-s$stride-r$r" --stride "$stride"
+    for stride in ${STRIDES:-}; do
+      run "$lib" "$lib-s$stride-r$r" --stride "$stride"
+    done
   done
   for mib in ${SCRATCH_MIB:-}; do
     run base "base-m$mib-r$r" --scratch-mib "$mib"
