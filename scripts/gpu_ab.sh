@@ -16,7 +16,7 @@
 #     COMMIT=<commit> bash scripts/gpu_ab.sh
 #
 # Each run writes its record under $OUT/ab/<library>[-s<stride>|-m<MiB>]-r<round>/ with
-# BLOCHSIM_RECORD_COMMIT set to COMMIT[+variant], and the script prints every run's table. BUILD_ONLY=1 stops
+# BLOCHSIM_RECORD_COMMIT set to COMMIT[-variant], and the script prints every run's table. BUILD_ONLY=1 stops
 # after the builds (a call of its own where the builds and the runs would not fit one call's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +63,7 @@ run() {  # run <library> <tag> [api_cases arguments...]
   local lib=$1 tag=$2
   shift 2
   local suffix=""
-  [ "$lib" != base ] && suffix="+$lib"
+  [ "$lib" != base ] && suffix="-$lib"
   mkdir -p "$out/ab/$tag"
   echo "== $tag"
   local dir
