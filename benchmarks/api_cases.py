@@ -97,15 +97,13 @@ def forward_of(name: str) -> str | None:
 
 def with_forwards(cases: list) -> list:
     """The cases with each derivative's forward at its count run just before it, where the list lacks one
-    earlier (a big case's forward is big too)."""
+    earlier (a big case's forward is big too), and each (case, count) once."""
     out, seen = [], set()
     for name, n, *tag in cases:
-        forward = forward_of(name)
-        if forward and (forward, n) not in seen:
-            out.append((forward, n, *tag))
-            seen.add((forward, n))
-        out.append((name, n, *tag))
-        seen.add((name, n))
+        for case in (forward_of(name), name):
+            if case and (case, n) not in seen:
+                out.append((case, n, *tag))
+                seen.add((case, n))
     return out
 
 

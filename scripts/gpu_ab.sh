@@ -31,10 +31,7 @@ build() {  # build <name> <source dir>
   local dir
   dir=$(libdir "$1")
   local start=$SECONDS
-  cmake -S "$2" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
-        -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake-$1.log" 2>&1 || { tail -30 "$out/cmake-$1.log"; return 1; }
-  ninja -C "$dir" -j "$(nproc)" blochsim_cpu blochsim_cuda >"$out/build-$1.log" 2>&1 ||
-    { grep -E "error" "$out/build-$1.log" | head -30; return 1; }
+  bash "$root/scripts/build_cuda.sh" "$2" "$dir" "$out" "$1" || return 1
   echo "build $1: $((SECONDS - start)) s"
 }
 

@@ -9,9 +9,7 @@ mkdir -p "$out"
 if [ -n "${PREBUILT:-}" ]; then
   libs=$PWD/$PREBUILT
 else
-  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBLOCHSIM_CUDA=ON \
-        -DBLOCHSIM_CUDA_ARCHITECTURES=90 >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+  bash scripts/build_cuda.sh . build/gpu "$out" || exit 1
   libs=$PWD/build/gpu
 fi
 export BLOCHSIM_CPU_LIBRARY=$libs/libblochsim_cpu.so
