@@ -23,7 +23,7 @@ import torch
 from ._errors import check_device
 
 __all__ = ["ExecutionPolicy", "execution", "offload", "distribute", "active", "applied", "as_policy",
-           "DEFAULT_SCRATCH_BYTES", "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes"]
+           "DEFAULT_SCRATCH_BYTES", "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes", "cuda_free_bytes"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
 #: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
@@ -38,17 +38,37 @@ SECOND_ORDER_SCRATCH_BYTES = 96 * 2**20
 def default_scratch_bytes(entry: str, held_bytes: int = 0) -> int:
     """The scratch cap of one kernel call of `entry` (a `bs_epg_*` entry point) when no budget is given.
 
-    An adjoint may hold as much scratch as the per-voxel arrays of its own call (`held_bytes`: the cotangent,
-    the size of the signal, is most of them), where that is more than the fixed cap: the caller holds that
-    much already, and with a loss formed from the signal (sum |s|^2) the gradient's peak is reached while
-    the loss and its backward run, above what the adjoint then adds. Larger launches fill the card: the 100k
-    real MRF gradient on the H200 took 99 ms at 128 MiB and 79 ms at 512, its peak 1,338 MiB both times
-    (api_cases.py --scratch-mib, 2026-12-04). A loss that forms nothing of its own (signal.real.sum()) sees
-    its gradient's peak grow by up to the cotangent's size."""
-    cap = SECOND_ORDER_SCRATCH_BYTES if entry == "bs_epg_vjp_jvp" else DEFAULT_SCRATCH_BYTES
-    if entry in ("bs_epg_vjp", "bs_epg_vjp_jvp"):
-        cap = max(cap, int(held_bytes))
-    return cap
+    An adjoint may hold more than the fixed cap where its call's own per-voxel arrays (`held_bytes`: the
+    cotangent, the size of the signal, is most of them) are larger: the caller holds that much already, and
+    with a loss formed from the signal (sum |s|^2) the gradient's peak is reached while the loss and its
+    backward run, three arrays of the signal's size, above what the adjoint then adds. A first-order adjoint
+    (VJP) may hold twice its arrays, the second order (VJP-JVP, whose own arrays are the signal's tangent
+    and the cotangent's beside the cotangent) once. Larger launches fill the card: the 100k real MRF
+    gradient on the H200 took 25.7 ms with its arrays' bytes as the cap (launches of 20,000 voxels, three
+    fifths of the register adjoint's 33,800 resident threads) and 19.8 ms at 768 MiB (three launches of
+    33,300), its peak 1,338 MiB both times (api_cases.py --scratch-mib, 2026-12-05). A loss that forms
+    nothing of its own (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's
+    size."""
+    if entry == "bs_epg_vjp":
+        return max(DEFAULT_SCRATCH_BYTES, 2 * int(held_bytes))
+    if entry == "bs_epg_vjp_jvp":
+        return max(SECOND_ORDER_SCRATCH_BYTES, int(held_bytes))
+    return DEFAULT_SCRATCH_BYTES
+
+
+def cuda_free_bytes(device: torch.device) -> int:
+    """Bytes free for new allocations on a CUDA device: the driver's free memory and what torch's cache holds
+    that no tensor uses. The allocator's statistics are read once, as its nested dict:
+    `torch.cuda.memory_reserved` and `memory_allocated` each flatten every statistic first, 0.3 ms of the
+    host's time a pair on the H200's host, twice in a gradient call that then took 5.3 ms (cProfile,
+    2026-12-05)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+
+    def current(name: str) -> int:
+        return int(stats.get(name, {}).get("all", {}).get("current", 0))
+
+    return free + current("reserved_bytes") - current("allocated_bytes")
 
 _RESERVE_BYTES = 512 * 2**20
 

@@ -84,7 +84,7 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
 def test_peak_memory_under_a_budget():
     """A real gradient of 60,000 voxels over 500 TRs at 32 orders: the adjoint's scratch at checkpoint stride 4
     is about 8.4 GB. Under a budget of 128 MiB (and under the default, scratch held to the larger of 128 MiB
-    and the bytes of the call's own arrays), the backward
+    and twice the bytes of the call's own arrays), the backward
     allocates at most the budget beyond what torch's own backward of the loss holds (the cotangent and its
     temporaries: three arrays of the signal's size), and gives the gradient of a whole call."""
     n, reps = 60000, 500  # a signal of 229 MiB: the default cap is then the call's own arrays
@@ -104,7 +104,7 @@ def test_peak_memory_under_a_budget():
         return flips.grad, torch.cuda.max_memory_allocated() - base
 
     reference, _ = gradient(blochsim.execution(budget_bytes=16 * 2**30))
-    # The default holds an adjoint's scratch to the larger of 128 MiB and its own arrays' bytes (the
+    # The default holds an adjoint's scratch to the larger of 128 MiB and twice its own arrays' bytes (the
     # cotangent, one signal, and per-voxel tissue and gradients well under another).
     default_cap = _execution.default_scratch_bytes("bs_epg_vjp", 2 * signal_bytes)
     for budget, policy in ((128 * 2**20, blochsim.execution(budget_bytes=128 * 2**20)),
@@ -263,3 +263,18 @@ def test_policy_decides_the_kernels_precision():
     # The played steady state against the float64 extrapolation: 1.3e-6 of the largest sample for MRF
     # (docs/design.md); 1e-5 with the card's own rounding.
     assert card.device.type == "cpu" and rel_max_err(card, host) <= 1e-5
+
+
+def test_cuda_free_bytes_counts_the_cache():
+    """The planner's free memory is the driver's free bytes plus torch's cached bytes no tensor uses, read from
+    the allocator's nested statistics (as torch's memory_reserved and memory_allocated read them flattened).
+    A tensor freed into the cache must count as free: the two forms agree before and after it."""
+    held = torch.empty(64 * 2**20, dtype=torch.uint8, device=CARD)
+    del held  # 64 MiB back in torch's cache, reserved but not allocated
+
+    def flattened() -> int:
+        free, _ = torch.cuda.mem_get_info(CARD)
+        return free + torch.cuda.memory_reserved(CARD) - torch.cuda.memory_allocated(CARD)
+
+    assert _execution.cuda_free_bytes(CARD) == flattened()
+    assert torch.cuda.memory_reserved(CARD) - torch.cuda.memory_allocated(CARD) >= 64 * 2**20

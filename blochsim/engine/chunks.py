@@ -179,9 +179,8 @@ class Runner:
             return None, None
         if whole_bytes <= _SMALL_BYTES and whole_scratch <= self.scratch_cap_bytes:
             return None, None
-        free, _ = torch.cuda.mem_get_info(self.device)
         # Memory torch holds in its cache but no tensor uses is free to the kernels' allocations too.
-        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        free = _execution.cuda_free_bytes(self.device)
         budget = max(free - policy.reserve_bytes, 1) // self.lanes
         return budget, self.scratch_cap_bytes // self.lanes
 

@@ -33,8 +33,7 @@ def budget_bytes(device: torch.device) -> int:
     if policy.budget_bytes is not None:
         return policy.budget_bytes
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free = _execution.cuda_free_bytes(device)
         return max(free - policy.reserve_bytes, 0)
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
