@@ -35,22 +35,24 @@ DEFAULT_SCRATCH_BYTES = 128 * 2**20
 SECOND_ORDER_SCRATCH_BYTES = 96 * 2**20
 
 
-def default_scratch_bytes(entry: str, held_bytes: int = 0) -> int:
+def default_scratch_bytes(entry: str, held_bytes: int = 0, *, pool_tables: bool = False) -> int:
     """The scratch cap of one kernel call of `entry` (a `bs_epg_*` entry point) when no budget is given.
 
     An adjoint may hold more than the fixed cap where its call's own per-voxel arrays (`held_bytes`: the
     cotangent, the size of the signal, is most of them) are larger: the caller holds that much already, and
     with a loss formed from the signal (sum |s|^2) the gradient's peak is reached while the loss and its
     backward run, three arrays of the signal's size, above what the adjoint then adds. A first-order adjoint
-    (VJP) may hold twice its arrays, the second order (VJP-JVP, whose own arrays are the signal's tangent
-    and the cotangent's beside the cotangent) once. Larger launches fill the card: the 100k real MRF
-    gradient on the H200 took 25.7 ms with its arrays' bytes as the cap (launches of 20,000 voxels, three
-    fifths of the register adjoint's 33,800 resident threads) and 19.8 ms at 768 MiB (three launches of
-    33,300), its peak 1,338 MiB both times (api_cases.py --scratch-mib, 2026-12-05). A loss that forms
-    nothing of its own (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's
-    size."""
+    (VJP) without pool tables may hold twice its arrays; with them, and the second order (VJP-JVP, whose own
+    arrays are the signal's tangent and the cotangent's beside the cotangent), once. Larger launches fill the
+    card: on the H200 (api_cases, 2026-12-05, alternated) the 100k real MRF gradient took 20.0-20.5 ms at
+    twice against 25.8-26.2 at once (launches of 33,300 voxels, the register adjoint's 33,800 resident
+    threads, against 20,000), the complex one 141.6-141.9 against 168.9-169.5, each at the same peak (1,338
+    MiB: the loss's backward sets it). The pooled gradient's adjoint changes mapping with its launch's size
+    (a warp per voxel up to 6,000, launch_rules.hpp), and at 100k its larger launches ran slower (98.0
+    against 76.3-77.1 ms): the pool tables keep once. A loss that forms nothing of its own
+    (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's size."""
     if entry == "bs_epg_vjp":
-        return max(DEFAULT_SCRATCH_BYTES, 2 * int(held_bytes))
+        return max(DEFAULT_SCRATCH_BYTES, (1 if pool_tables else 2) * int(held_bytes))
     if entry == "bs_epg_vjp_jvp":
         return max(SECOND_ORDER_SCRATCH_BYTES, int(held_bytes))
     return DEFAULT_SCRATCH_BYTES

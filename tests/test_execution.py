@@ -277,12 +277,13 @@ def test_chunk_size_from_the_byte_model():
 
 def test_an_adjoint_may_hold_as_much_scratch_as_its_own_arrays():
     """Without a budget a call's device scratch is held to a fixed cap (128 MiB; 96 MiB for the second order),
-    or for an adjoint to twice the bytes of its own per-voxel arrays (the second order: once) where those are
-    more (the cotangent, the size of the signal, is most of them): the caller holds that much already."""
+    or for an adjoint to twice the bytes of its own per-voxel arrays (with pool tables and for the second
+    order: once) where those are more (the cotangent, the size of the signal, is most of them): the caller holds that much already."""
     mib = 2**20
     assert _execution.default_scratch_bytes("bs_epg_vjp", 10 * mib) == 128 * mib
     assert _execution.default_scratch_bytes("bs_epg_vjp", 100 * mib) == 200 * mib
     assert _execution.default_scratch_bytes("bs_epg_vjp", 400 * mib) == 800 * mib
+    assert _execution.default_scratch_bytes("bs_epg_vjp", 400 * mib, pool_tables=True) == 400 * mib
     assert _execution.default_scratch_bytes("bs_epg_vjp_jvp", 50 * mib) == 96 * mib
     assert _execution.default_scratch_bytes("bs_epg_vjp_jvp", 900 * mib) == 900 * mib
     for entry in ("bs_epg_forward", "bs_epg_jvp"):  # no cotangent: the fixed cap
@@ -290,9 +291,9 @@ def test_an_adjoint_may_hold_as_much_scratch_as_its_own_arrays():
 
 
 def test_a_gradient_hands_its_arrays_bytes_to_the_scratch_cap(monkeypatch):
-    """The adjoint's cap is computed from the call's own arrays where a plan is made (a budget): twice the
-    cotangent (V x samples complex64) and the per-voxel tissue and gradient arrays, those no more than twice
-    the cotangent here."""
+    """The adjoint's cap is computed from the call's own arrays where a plan is made (a budget): the cotangent
+    (V x samples complex64) and the per-voxel tissue and gradient arrays, those no more than twice the
+    cotangent here; twice their bytes without pool tables, once with them."""
     caps = {}
     real_chunk = chunks.Runner.chunk
 
@@ -302,14 +303,15 @@ def test_a_gradient_hands_its_arrays_bytes_to_the_scratch_cap(monkeypatch):
 
     monkeypatch.setattr(chunks.Runner, "chunk", chunk)
     monkeypatch.setattr(_execution, "DEFAULT_SCRATCH_BYTES", 1)  # the arrays' bytes then decide
-    tissue = _tissue("real")
-    flips = _flips(requires_grad=True)
-    with blochsim.execution(budget_bytes=2**30):
-        signal = engine.simulate(mrf_description(flips, 0.01), tissue, states=STATES)
-        (signal.abs() ** 2).sum().backward()
     cotangent_bytes = V * REPS * 8
-    assert caps["forward"] == 1
-    assert 2 * cotangent_bytes <= caps["gradient"] <= 4 * cotangent_bytes, (caps, cotangent_bytes)
+    for kind, times in (("real", 2), ("pooled", 1)):
+        caps.clear()
+        flips = _flips(requires_grad=True)
+        with blochsim.execution(budget_bytes=2**30):
+            signal = engine.simulate(mrf_description(flips, 0.01), _tissue(kind), states=STATES)
+            (signal.abs() ** 2).sum().backward()
+        assert caps["forward"] == 1
+        assert times * cotangent_bytes <= caps["gradient"] <= 2 * times * cotangent_bytes, (kind, caps)
 
 
 def test_least_scratch_stride_and_results_independent_of_it():

@@ -310,7 +310,8 @@ class _Placed:
             per_voxel = _per_voxel_bytes(st.num_voxels, arrays)
             # An adjoint's scratch may match its own arrays' bytes (set here, where a plan is made: the
             # host's whole calls plan nothing).
-            runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels)
+            runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels,
+                                                                        pool_tables=st.interval is not None)
             scratch = None
             if device.type == "cuda" and query_args is not None:
                 query = chunks.scratch_query(device, _PASSES[entry], query_args(st), self.slots_at)
