@@ -45,12 +45,12 @@ def default_scratch_bytes(entry: str, held_bytes: int = 0, *, pool_tables: bool 
     (VJP) without pool tables may hold twice its arrays; with them, and the second order (VJP-JVP, whose own
     arrays are the signal's tangent and the cotangent's beside the cotangent), once. Larger launches fill the
     card: on the H200 (api_cases, 2026-12-05, alternated) the 100k real MRF gradient took 20.0-20.5 ms at
-    twice against 25.8-26.2 at once (launches of 33,300 voxels, the register adjoint's 33,800 resident
-    threads, against 20,000), the complex one 141.6-141.9 against 168.9-169.5, each at the same peak (1,338
-    MiB: the loss's backward sets it). The pooled gradient's adjoint changes mapping with its launch's size
-    (a warp per voxel up to 6,000, launch_rules.hpp), and at 100k its larger launches ran slower (98.0
-    against 76.3-77.1 ms): the pool tables keep once. A loss that forms nothing of its own
-    (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's size."""
+    twice against 25.8-26.2 at once (by the byte model launches of about 33,300 voxels, the register
+    adjoint's 33,800 resident threads, against 20,000), the complex one 141.6-141.9 against 168.9-169.5,
+    each at the same peak (1,338 MiB: the loss's backward sets it). The pooled gradient's adjoint changes
+    mapping with its launch's size (a warp per voxel up to 6,000, launch_rules.hpp), and at 100k its larger
+    launches ran slower (98.0 against 76.3-77.1 ms): the pool tables keep once. A loss that forms nothing of
+    its own (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's size."""
     if entry == "bs_epg_vjp":
         return max(DEFAULT_SCRATCH_BYTES, (1 if pool_tables else 2) * int(held_bytes))
     if entry == "bs_epg_vjp_jvp":
