@@ -10,6 +10,7 @@ hold the printed timelines of recorded runs.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -38,16 +39,19 @@ def timeline(trace: dict, call: int = 1) -> list[str]:
                 "host" if cat == "cpu_op" and e["dur"] > 150 else
                 "rt" if cat == "cuda_runtime" and e["dur"] > 50 else None)
         if kind:
-            rows.append((e["ts"], f"  {kind:<4} {(e['ts'] - start) / 1e3:8.3f} +{e['dur'] / 1e3:7.3f}  {e['name'][:100]}"))
+            at, length = (e["ts"] - start) / 1e3, e["dur"] / 1e3
+            rows.append((e["ts"], f"  {kind:<4} {at:8.3f} +{length:7.3f}  {e['name'][:100]}"))
     return [f"wall {(stop - start) / 1e3:.3f} ms"] + [text for _, text in sorted(rows)]
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    trace_dir = Path(args[args.index("--trace") + 1]) if "--trace" in args else None
-    specs = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--trace")]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="+", metavar="case:n", help="api_cases.py case names and tissue counts")
+    parser.add_argument("--trace", type=Path, help="write each case's Chrome trace to this directory")
+    args = parser.parse_args()
+    trace_dir = args.trace
     device = torch.device("cuda")
-    for spec in specs:
+    for spec in args.cases:
         name, n = spec.split(":")
         fn = case_fn(name, int(n), device)
         for _ in range(5):

@@ -87,7 +87,7 @@ def test_peak_memory_under_a_budget():
     and twice the bytes of the call's own arrays), the backward
     allocates at most the budget beyond what torch's own backward of the loss holds (the cotangent and its
     temporaries: three arrays of the signal's size), and gives the gradient of a whole call."""
-    n, reps = 60000, 500  # a signal of 229 MiB: the default cap is then the call's own arrays
+    n, reps = 60000, 500  # a signal of 229 MiB: the default cap is then twice the call's own arrays
     tissue = _tissue("real", n, CARD)
     signal_bytes = n * reps * 8
 

@@ -278,7 +278,8 @@ def test_chunk_size_from_the_byte_model():
 def test_an_adjoint_may_hold_as_much_scratch_as_its_own_arrays():
     """Without a budget a call's device scratch is held to a fixed cap (128 MiB; 96 MiB for the second order),
     or for an adjoint to twice the bytes of its own per-voxel arrays (with pool tables and for the second
-    order: once) where those are more (the cotangent, the size of the signal, is most of them): the caller holds that much already."""
+    order: once) where those are more (the cotangent, the size of the signal, is most of them): the caller
+    holds that much already."""
     mib = 2**20
     assert _execution.default_scratch_bytes("bs_epg_vjp", 10 * mib) == 128 * mib
     assert _execution.default_scratch_bytes("bs_epg_vjp", 100 * mib) == 200 * mib

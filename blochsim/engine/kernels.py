@@ -308,8 +308,8 @@ class _Placed:
             self.chunk = st.num_voxels
         else:
             per_voxel = _per_voxel_bytes(st.num_voxels, arrays)
-            # An adjoint's scratch may match its own arrays' bytes (set here, where a plan is made: the
-            # host's whole calls plan nothing).
+            # An adjoint's scratch may grow with its own arrays' bytes (_execution.default_scratch_bytes; set
+            # here, where a plan is made: the host's whole calls plan nothing).
             runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels,
                                                                         pool_tables=st.interval is not None)
             scratch = None
