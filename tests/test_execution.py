@@ -329,6 +329,37 @@ def test_least_scratch_stride_and_results_independent_of_it():
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
 
 
+def test_an_adjoint_over_its_scratch_cap_takes_the_least_scratch_stride_before_reading_free_memory(monkeypatch):
+    """On a card without a budget, an adjoint whose whole call's scratch at the given stride is over the cap
+    takes the least-scratch stride first: a call that fits whole at that stride reads no free memory (a driver
+    call and the allocator's statistics), and one that does not is cut once, at the stride the search after a
+    cut at the given stride took before. The library's scratch is a model here (checkpoints and replay slots
+    a voxel), the device a name: nothing runs."""
+    reads = []
+    monkeypatch.setattr(_execution, "cuda_free_bytes", lambda device: reads.append(device) or 80 * 2**30)
+    events, state_bytes = 1501, 33 * 3 * 4
+
+    def scratch(c, stride):  # checkpoints (events / stride) and the stretch's slots (about a third of it)
+        return c * state_bytes * (-(-events // stride) + max(1, stride // 3))
+
+    st = types.SimpleNamespace(num_voxels=0, num_events=events, num_repetitions=1)
+    for V, whole in ((2000, True), (100_000, False)):
+        st.num_voxels = V
+        stride = chunks.least_scratch_stride(events, 4, lambda s: scratch(V, s))
+        assert scratch(V, 4) > _execution.DEFAULT_SCRATCH_BYTES >= scratch(2000, stride)
+        reads.clear()
+        plan = types.SimpleNamespace(runner=chunks.Runner(torch.device("cuda", 0), V, "gradient"), stride=4)
+        chunk = K._Placed._plan(plan, st, "bs_epg_vjp", 4000, scratch)
+        assert plan.stride == stride, (V, plan.stride, stride)
+        assert (chunk == V) == whole and len(reads) == (0 if whole else 1), (V, chunk, reads)
+        assert scratch(chunk, stride) <= _execution.DEFAULT_SCRATCH_BYTES
+    # Under a budget the given stride is kept where the whole call fits it.
+    with blochsim.execution(budget_bytes=2**40):
+        plan = types.SimpleNamespace(runner=chunks.Runner(torch.device("cuda", 0), 2000, "gradient"), stride=4)
+        st.num_voxels = 2000
+        assert K._Placed._plan(plan, st, "bs_epg_vjp", 4000, scratch) == 2000 and plan.stride == 4
+
+
 def test_replay_slots_count_the_passes_of_each_stretch():
     """The real plain adjoint's store keeps a state per event that touches the states (relax, rotate, invert),
     not per event: program.replay_slots counts the most in a stretch, the stretches starting at multiples of

@@ -333,14 +333,25 @@ class _Placed:
 
     def _plan(self, st, entry, per_voxel, scratch) -> int:
         runner = self.runner
-        at = None if scratch is None else (lambda s: (lambda c: scratch(c, s)))
-        chunk = runner.chunk(per_voxel, None if at is None else at(self.stride))
-        if entry in _ADJOINTS and at is not None and chunk < st.num_voxels:
-            events = st.num_events * st.num_repetitions
-            stride = chunks.least_scratch_stride(events, self.stride, lambda s: scratch(st.num_voxels, s))
+        if scratch is None:
+            return runner.chunk(per_voxel)
+        V = st.num_voxels
+
+        def least() -> int:
+            return chunks.least_scratch_stride(st.num_events * st.num_repetitions, self.stride, lambda s: scratch(V, s))
+
+        # Without a budget, a whole call whose scratch at the given stride is over the cap would be cut at that
+        # stride: it takes the least-scratch stride first, so that a call that fits whole there asks nothing of
+        # the driver (a search at the given stride read the free memory, to be thrown away).
+        if entry in _ADJOINTS and runner.policy.budget_bytes is None and \
+                scratch(V, self.stride) > runner.scratch_cap_bytes // runner.lanes:
+            self.stride = least()
+        chunk = runner.chunk(per_voxel, lambda c: scratch(c, self.stride))
+        if entry in _ADJOINTS and chunk < V:
+            stride = least()
             if stride != self.stride:
                 self.stride = stride
-                chunk = runner.chunk(per_voxel, at(stride))
+                chunk = runner.chunk(per_voxel, lambda c: scratch(c, stride))
         return chunk
 
     def chunk_static(self, piece: chunks.Chunk) -> Static:
