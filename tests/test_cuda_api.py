@@ -100,7 +100,8 @@ def test_flash_sampled_pulses_agree_to_float32_roundoff(placement):
 def test_a_resolved_call_does_not_wait_for_the_card():
     """With the protocol and the tissue on the card, a call whose structure is resolved (the third) maps
     the protocol on the card and launches the kernels with no host read: torch's sync debug mode raises at
-    any operation that waits for the card."""
+    any operation that waits for the card. Also with new tensors of the same values (the map was checked at
+    a second point when it was resolved: nothing compares them with the first)."""
     from blochsim.simulators import MRFSimulator
 
     sim = MRFSimulator(states=P.STATES)
@@ -108,13 +109,16 @@ def test_a_resolved_call_does_not_wait_for_the_card():
     t1, t2 = torch.linspace(300.0, 2000.0, 1000, device="cuda"), torch.linspace(30.0, 150.0, 1000, device="cuda")
     for _ in range(3):  # walk, resolve, resolved
         sim.simulate(flip=flips, TR=P.TR_MS, T1=t1, T2=t2)
+    fresh = torch.tensor(P.FLIPS_DEG, device="cuda", requires_grad=True)
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
         signal = sim.simulate(flip=flips, TR=P.TR_MS, T1=t1, T2=t2)
+        again = sim.simulate(flip=fresh, TR=P.TR_MS, T1=t1, T2=t2)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+    assert torch.equal(again, signal)
     assert signal.device.type == "cuda" and signal.shape == (1000, len(P.FLIPS_DEG))
     assert np.isfinite(signal.abs().max().item())
 

@@ -488,17 +488,35 @@ def test_value_only_calls_resolve_and_match_a_fresh_walk():
     assert rel_max_err(flip.grad, flip_ref.grad) < 1e-5
 
 
-def test_a_repeated_protocol_is_verified_at_the_next_new_point():
+def test_a_repeated_protocol_is_verified_at_a_second_point_when_resolved():
+    """A protocol resolved at the point it was first seen has its map checked at a second point (the protocol
+    scaled), so a later call compares nothing with the first point (on a card, a wait). A map that is exact
+    only at its point (a layout not affine in the protocol) stays unverified there, right at that point, and
+    the next new point walks (test_a_layout_that_is_not_affine_keeps_walking)."""
     sim = MRFSimulator(TR=10.0)
     same = flips_of(12, 0.0)
     first = sim.simulate(flip=same, T1=900.0, T2=80.0)
-    again = sim.simulate(flip=same, T1=900.0, T2=80.0)  # resolved at the same point: exact there, unverified
+    again = sim.simulate(flip=same.clone(), T1=900.0, T2=80.0)  # resolved at the same point, checked elsewhere
     (entry,) = sim._cache.entries.values()
-    assert entry.state == "resolved" and not entry.verified and rel_max_err(again, first) < 1e-6
-    new = sim.simulate(flip=flips_of(12, 3.0), T1=900.0, T2=80.0)  # one more walk checks the map
-    assert entry.verified
+    assert entry.state == "resolved" and entry.verified and rel_max_err(again, first) < 1e-6
+    new = sim.simulate(flip=flips_of(12, 3.0), T1=900.0, T2=80.0)
     walked = MRFSimulator(TR=10.0, resolve=False).simulate(flip=flips_of(12, 3.0), T1=900.0, T2=80.0)
     assert rel_max_err(new, walked) < 1e-6
+
+    class Squared(Simulator):
+        model = SpinPhysics(operators=UNBALANCED)
+        states = 8
+
+        def layout(self, *, flip):
+            return [self.operators.excitation(torch.deg2rad(a) ** 2 / 2) @ self.operators.readout(duration_s=0.01)
+                    for a in flip]
+
+    sim = Squared()
+    results = [sim.simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0) for _ in range(3)]
+    (entry,) = sim._cache.entries.values()
+    assert entry.state == "resolved" and not entry.verified
+    want = Squared(resolve=False).simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0)
+    assert all(rel_max_err(got, want) < 1e-6 for got in results)
 
 
 def test_a_train_axis_is_stacked_first():
