@@ -275,6 +275,29 @@ def test_chunk_size_from_the_byte_model():
             chunks.Runner(torch.device("cpu"), 10_000, "test").chunk(120, scratch)
 
 
+def test_a_call_on_its_own_card_reads_free_memory_only_past_its_scratch_cap(monkeypatch):
+    """Without a budget, a call whose tensors are on the card it runs on runs whole, asking the driver nothing,
+    while its scratch is under the cap, however large its arrays (already allocated; a whole call allocates
+    nothing else); staged from the host, only a small one does (its copies are allocated per chunk). Past the
+    cap both read the free memory and are cut. The device is a name here: nothing runs."""
+    reads = []
+    monkeypatch.setattr(_execution, "cuda_free_bytes", lambda device: reads.append(device) or 80 * 2**30)
+    card, V, per_voxel = torch.device("cuda", 0), 1_000_000, 4000  # 4 GB of arrays
+    cap = _execution.DEFAULT_SCRATCH_BYTES
+    small, large = (lambda c: 64 * c), (lambda c: 4 * cap * c // V)
+
+    def planned(home, scratch):
+        runner = chunks.Runner(home, V, "test")
+        runner.device = card  # as an execution policy places a host call on the card
+        reads.clear()
+        return runner.chunk(per_voxel, scratch), len(reads)
+
+    assert planned(card, small) == (V, 0)
+    assert planned(torch.device("cpu"), small) == (V, 1)
+    chunk, count = planned(card, large)
+    assert count == 1 and large(chunk) <= cap < large(2 * chunk)
+
+
 def test_an_adjoint_may_hold_as_much_scratch_as_its_own_arrays():
     """Without a budget a call's device scratch is held to a fixed cap (128 MiB; 96 MiB for the second order),
     or for an adjoint to twice the bytes of its own per-voxel arrays (with pool tables and for the second

@@ -10,9 +10,11 @@ consecutive ranges of voxels. `Runner` does that for the kernel layer (`engine.k
   (`bs_epg_scratch_bytes`, asked at c itself: it is linear in c only piecewise, by the launch mapping and its
   padding) plus c times the bytes of the per-voxel arrays the pass reads and writes. A chunk is the largest
   c whose model fits the budget (the policy's `budget_bytes`; on a CUDA device without one, the free memory
-  less `reserve_bytes` with the scratch held to `DEFAULT_SCRATCH_BYTES`). An adjoint whose whole call does
-  not fit takes the checkpoint stride with the least scratch (about the square root of the events), and is
-  then cut.
+  less `reserve_bytes` with the scratch held to `DEFAULT_SCRATCH_BYTES`, or more for an adjoint:
+  `_execution.default_scratch_bytes`). Without a budget, a call whose tensors are on its device and whose
+  scratch is under the cap runs whole without reading the free memory: it allocates nothing else. An adjoint
+  whose whole call is over the cap takes the checkpoint stride with the least scratch (about the square root
+  of the events), and is then cut where it must be.
 * out of memory: a chunk that raises torch.cuda.OutOfMemoryError is run again as chunks of half its size
   (a warning says so once per call); completed chunks are kept, and a failed chunk wrote nothing (its
   outputs are committed only after its launch).
@@ -177,7 +179,11 @@ class Runner:
             return policy.budget_bytes // self.lanes, None
         if self.device.type != "cuda":
             return None, None
-        if whole_bytes <= _SMALL_BYTES and whole_scratch <= self.scratch_cap_bytes:
+        # Run whole, asking the driver nothing, where the call's scratch is under the cap and either it runs
+        # on the device its tensors are on (run whole, it allocates nothing per voxel but its scratch: its
+        # outputs are allocated and its inputs read in place) or its copies are small. The out-of-memory
+        # retry covers a card that is nearly full.
+        if whole_scratch <= self.scratch_cap_bytes and (self.device == self.home or whole_bytes <= _SMALL_BYTES):
             return None, None
         # Memory torch holds in its cache but no tensor uses is free to the kernels' allocations too.
         free = _execution.cuda_free_bytes(self.device)
