@@ -519,6 +519,29 @@ def test_a_repeated_protocol_is_verified_at_a_second_point_when_resolved():
     assert all(rel_max_err(got, want) < 1e-6 for got in results)
 
 
+def test_the_second_points_walk_is_silent():
+    """The map's check at the scaled protocol walks the layout at values the user never gave: what the layout
+    warns of there is not the user's."""
+    import warnings
+
+    class Warns(Simulator):
+        model = SpinPhysics(operators=UNBALANCED)
+        states = 8
+
+        def layout(self, *, flip):
+            if float(flip.detach().max()) > 60.0:
+                warnings.warn("a flip over 60 degrees", UserWarning)
+            return [self.operators.excitation(torch.deg2rad(a)) @ self.operators.readout(duration_s=0.01) for a in flip]
+
+    sim = Warns()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            sim.simulate(flip=torch.linspace(20.0, 59.0, 4), T1=900.0, T2=80.0)
+    (entry,) = sim._cache.entries.values()
+    assert entry.state == "resolved" and entry.verified
+
+
 def test_a_train_axis_is_stacked_first():
     class Trains(Simulator):
         model = SpinPhysics(operators=UNBALANCED)

@@ -9,6 +9,7 @@ later calls evaluate the map. `StructureCache` is a mixin of `Simulator`: it rea
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -158,7 +159,9 @@ class StructureCache:
         moved = {name: scaled.get(id(value), value) for name, value in probe.items()}
         complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
         try:
-            program, _ = self._walk(moved, settings, states, repetitions, record, complex_path)
+            with warnings.catch_warnings():  # the user's point warns for itself; this one is the library's
+                warnings.simplefilter("ignore")
+                program, _ = self._walk(moved, settings, states, repetitions, record, complex_path)
         except Exception:  # a layout that refuses the scaled protocol (a duration past its limit, say)
             return False
         point = _protocol_vector([scaled[id(c)] for c in copies], None)
