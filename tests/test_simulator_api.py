@@ -489,10 +489,12 @@ def test_value_only_calls_resolve_and_match_a_fresh_walk():
 
 
 def test_a_repeated_protocol_is_verified_at_a_second_point_when_resolved():
-    """A protocol resolved at the point it was first seen has its map checked at a second point (the protocol
-    scaled), so a later call compares nothing with the first point (on a card, a wait). A map that is exact
-    only at its point (a layout not affine in the protocol) stays unverified there, right at that point, and
-    the next new point walks (test_a_layout_that_is_not_affine_keeps_walking)."""
+    """A protocol resolved at the point it was first seen has its map checked at a second point (each entry
+    moved, unevenly), so a later call compares nothing with the first point (on a card, a wait). A map that
+    is exact only at its point (a layout not affine in the protocol) stays unverified there, right at that
+    point, and the next new point walks (test_a_layout_that_is_not_affine_keeps_walking): also one that
+    agrees with its linearisation along every scaling of the point (a flip train normalised to its largest
+    flip), which a scaled second point would have taken for affine."""
     sim = MRFSimulator(TR=10.0)
     same = flips_of(12, 0.0)
     first = sim.simulate(flip=same, T1=900.0, T2=80.0)
@@ -511,12 +513,23 @@ def test_a_repeated_protocol_is_verified_at_a_second_point_when_resolved():
             return [self.operators.excitation(torch.deg2rad(a) ** 2 / 2) @ self.operators.readout(duration_s=0.01)
                     for a in flip]
 
-    sim = Squared()
-    results = [sim.simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0) for _ in range(3)]
-    (entry,) = sim._cache.entries.values()
-    assert entry.state == "resolved" and not entry.verified
-    want = Squared(resolve=False).simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0)
-    assert all(rel_max_err(got, want) < 1e-6 for got in results)
+    class Normalised(Simulator):  # flips scaled so the largest is 60 degrees: homogeneous of degree 0
+        model = SpinPhysics(operators=UNBALANCED)
+        states = 8
+
+        def layout(self, *, flip):
+            angles = torch.deg2rad(flip) * (60.0 / flip.max())
+            return [self.operators.excitation(a) @ self.operators.readout(duration_s=0.01) for a in angles]
+
+    for cls in (Squared, Normalised):
+        sim = cls()
+        results = [sim.simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0) for _ in range(3)]
+        (entry,) = sim._cache.entries.values()
+        assert entry.state == "resolved" and not entry.verified, cls
+        want = cls(resolve=False).simulate(flip=flips_of(6, 0.0), T1=900.0, T2=80.0)
+        assert all(rel_max_err(got, want) < 1e-6 for got in results)
+        got = sim.simulate(flip=flips_of(6, 2.0), T1=900.0, T2=80.0)  # a new point walks, and is right
+        assert rel_max_err(got, cls(resolve=False).simulate(flip=flips_of(6, 2.0), T1=900.0, T2=80.0)) < 1e-6
 
 
 def test_the_second_points_walk_is_silent():

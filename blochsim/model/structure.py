@@ -66,6 +66,18 @@ def _structure(program) -> tuple:
             program.num_states, program.num_repetitions, program.crusher_dk_rad_per_m, program.voxel_size_m)
 
 
+def _second_point(x: torch.Tensor) -> torch.Tensor:
+    """A protocol tensor moved to check an affine map away from the point it was fitted at: each entry by 1/64
+    to 5/64 of its size and its tensor's mean size (1 where that is 0), unevenly along the entries. Not a
+    scaling: a layout homogeneous in its protocol (a flip train normalised to its largest flip) agrees with
+    its linearisation along every scaling of the point, and is not affine."""
+    flat = x.reshape(-1)
+    size = flat.abs()
+    steps = (1 + torch.arange(flat.numel(), device=flat.device) % 5).to(size.dtype) / 64
+    mean = float(size.mean()) if flat.numel() else 0.0
+    return (flat + steps * (size + (mean or 1.0))).reshape(x.shape)
+
+
 class StructureCache:
     """`Simulator._program` and its helpers: the compiled program and values of a call, cached by structure."""
 
@@ -151,20 +163,22 @@ class StructureCache:
 
     def _matches_elsewhere(self, entry, copies, probe, settings, states, repetitions, record,
                            complex_states) -> bool:
-        """Whether the map just fitted at one protocol point also gives the values walked at a second one (the
-        protocol scaled by 33/32): a map seen at two points needs no comparison of a later call's protocol
-        with the first, which on a GPU waits for the card on every call. False where the walk there fails or
-        differs: the map then stays checked against the first point, as before (`_verify`)."""
-        scaled = {id(c): c.detach() * (33 / 32) for c in copies}
-        moved = {name: scaled.get(id(value), value) for name, value in probe.items()}
+        """Whether the map just fitted at one protocol point also gives the values walked at a second one
+        (`_second_point`): a map seen at two points needs no comparison of a later call's protocol with the
+        first, which on a GPU waits for the card on every call. False where the walk there fails or differs:
+        the map then stays checked against the first point, as before (`_verify`)."""
+        if not all(c.is_floating_point() or c.is_complex() for c in copies):
+            return False  # no second point of a count or a mask
+        moved_copies = {id(c): _second_point(c.detach()) for c in copies}
+        moved = {name: moved_copies.get(id(value), value) for name, value in probe.items()}
         complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
         try:
             with warnings.catch_warnings():  # the user's point warns for itself; this one is the library's
                 warnings.simplefilter("ignore")
                 program, _ = self._walk(moved, settings, states, repetitions, record, complex_path)
-        except Exception:  # a layout that refuses the scaled protocol (a duration past its limit, say)
+        except Exception:  # a layout that refuses the moved protocol (a duration past its limit, say)
             return False
-        point = _protocol_vector([scaled[id(c)] for c in copies], None)
+        point = _protocol_vector([moved_copies[id(c)] for c in copies], None)
         return _structure(program)[:4] == _structure(entry.program)[:4] and entry.affine.matches(point,
                                                                                                  values_of(program))
 
