@@ -278,3 +278,34 @@ def test_cuda_free_bytes_counts_the_cache():
 
     assert _execution.cuda_free_bytes(CARD) == flattened()
     assert torch.cuda.memory_reserved(CARD) - torch.cuda.memory_allocated(CARD) >= 64 * 2**20
+
+
+def test_small_calls_on_their_own_card_read_no_free_memory(monkeypatch):
+    """MRFSimulator through the public API, flips and maps made on the card: the 2,000-tissue gradient (its
+    adjoint's store over the 128 MiB cap at stride 4, under it at the least-scratch stride) and a
+    100,000-tissue forward (a 400 MB signal, its scratch small) plan without reading the card's free memory
+    (engine.kernels `_Placed._plan`, engine.chunks `Runner._budget`), and the gradient is the one a budget
+    plans (any checkpoint stride gives the same numbers; the flip gradient is a sum over voxels by atomics:
+    1e-5, the module's budget)."""
+    reps, reads = 500, []
+    free = _execution.cuda_free_bytes
+    monkeypatch.setattr(_execution, "cuda_free_bytes", lambda device: reads.append(device) or free(device))
+    sim = MRFSimulator(TR=10.0, states=STATES)
+    flips_deg = torch.linspace(5.0, 60.0, reps, device=CARD)
+
+    def gradient(n, policy=None):
+        tissue = _tissue("real", n, CARD)
+        flips = flips_deg.clone().requires_grad_()
+        settings = {} if policy is None else {"execution": policy}
+        signal = sim.simulate(flip=flips, T1=tissue.t1_ms, T2=tissue.t2_ms, **settings)
+        (signal.abs() ** 2).sum().backward()
+        return flips.grad
+
+    for _ in range(3):  # walk, resolve, resolved
+        gradient(2000)
+    reads.clear()
+    grad = gradient(2000)
+    tissue = _tissue("real", 100_000, CARD)
+    signal = sim.simulate(flip=flips_deg, T1=tissue.t1_ms, T2=tissue.t2_ms)
+    assert reads == [] and signal.shape == (100_000, reps)
+    assert rel_max_err(grad, gradient(2000, blochsim.execution(budget_bytes=16 * 2**30))) <= 1e-5

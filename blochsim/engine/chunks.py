@@ -172,6 +172,12 @@ class Runner:
         even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
         return min(lo, -(-even // align) * align) if lo >= align else even
 
+    def scratch_over_cap(self, whole_scratch: int) -> bool:
+        """Whether a whole call with `whole_scratch` bytes of device scratch is cut for it: on a card, without a
+        budget, past the scratch cap."""
+        on_card = self.device.type == "cuda" and self.policy.budget_bytes is None
+        return on_card and whole_scratch > self.scratch_cap_bytes
+
     def _budget(self, whole_bytes: int, whole_scratch: int) -> tuple:
         """(bytes a lane's chunk may touch or None for no limit, cap on its scratch or None)."""
         policy = self.policy
@@ -183,7 +189,7 @@ class Runner:
         # on the device its tensors are on (run whole, it allocates nothing per voxel but its scratch: its
         # outputs are allocated and its inputs read in place) or its copies are small. The out-of-memory
         # retry covers a card that is nearly full.
-        if whole_scratch <= self.scratch_cap_bytes and (self.device == self.home or whole_bytes <= _SMALL_BYTES):
+        if not self.scratch_over_cap(whole_scratch) and (self.device == self.home or whole_bytes <= _SMALL_BYTES):
             return None, None
         # Memory torch holds in its cache but no tensor uses is free to the kernels' allocations too.
         free = _execution.cuda_free_bytes(self.device)

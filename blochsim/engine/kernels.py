@@ -340,11 +340,10 @@ class _Placed:
         def least() -> int:
             return chunks.least_scratch_stride(st.num_events * st.num_repetitions, self.stride, lambda s: scratch(V, s))
 
-        # Without a budget, a whole call whose scratch at the given stride is over the cap would be cut at that
-        # stride: it takes the least-scratch stride first, so that a call that fits whole there asks nothing of
-        # the driver (a search at the given stride read the free memory, to be thrown away).
-        if entry in _ADJOINTS and runner.policy.budget_bytes is None and \
-                scratch(V, self.stride) > runner.scratch_cap_bytes // runner.lanes:
+        # A whole call the scratch cap would cut at the given stride takes the least-scratch stride first, so
+        # that a call that fits whole there asks nothing of the driver (a search at the given stride read the
+        # free memory, to be thrown away).
+        if entry in _ADJOINTS and runner.scratch_over_cap(scratch(V, self.stride)):
             self.stride = least()
         chunk = runner.chunk(per_voxel, lambda c: scratch(c, self.stride))
         if entry in _ADJOINTS and chunk < V:

@@ -171,27 +171,33 @@ class StructureCache:
             return False  # no second point of a count or a mask
         moved_copies = {id(c): _second_point(c.detach()) for c in copies}
         moved = {name: moved_copies.get(id(value), value) for name, value in probe.items()}
-        complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
+        point = _protocol_vector(list(moved_copies.values()), None)
         try:
             with warnings.catch_warnings():  # the user's point warns for itself; this one is the library's
                 warnings.simplefilter("ignore")
-                program, _ = self._walk(moved, settings, states, repetitions, record, complex_path)
+                return self._walk_against(entry, point, moved, settings, states, repetitions, record,
+                                          complex_states)[3]
         except Exception:  # a layout that refuses the moved protocol (a duration past its limit, say)
             return False
-        point = _protocol_vector([moved_copies[id(c)] for c in copies], None)
-        return _structure(program)[:4] == _structure(entry.program)[:4] and entry.affine.matches(point,
-                                                                                                 values_of(program))
 
     def _verify(self, entry, p, args, settings, states, repetitions, record, complex_states):
         """A resolved map seen only at one protocol point: walk once at a new point and compare."""
-        complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
-        program, windings = self._walk(args, settings, states, repetitions, record, complex_path)
-        values = values_of(program)
-        if _structure(program)[:4] == _structure(entry.program)[:4] and entry.affine.matches(p, values):
+        program, values, windings, agrees = self._walk_against(entry, p, args, settings, states, repetitions,
+                                                               record, complex_states)
+        if agrees:
             entry.verified = True
         else:
             entry.state = "walk"
         return program, values, windings
+
+    def _walk_against(self, entry, p, args, settings, states, repetitions, record, complex_states):
+        """(program, values, windings) walked at the protocol `args` (whose vector is `p`), and whether the
+        entry's map gives those values there."""
+        complex_path = complex_states or entry.program.path == nat.PATH_COMPLEX
+        program, windings = self._walk(args, settings, states, repetitions, record, complex_path)
+        values = values_of(program)
+        agrees = _structure(program)[:4] == _structure(entry.program)[:4] and entry.affine.matches(p, values)
+        return program, values, windings, agrees
 
     def _rotated(self, program, args):
         """`program` with `post_rotation_rad` taken off its ADC demodulation phases (not for stored streams)."""
