@@ -1,8 +1,9 @@
-// The plain register adjoint in groups of lanes (epg_device.cuh vjp_plain_lanes_kernel), emulated on the host:
-// each lane of a group runs as a thread of its own, and a shuffle is a write, a barrier, a read of the
-// neighbour's value and a barrier. What it holds to the host's VJP is event_loop.hpp's group path (the
-// shifts across lanes, order 0's lane's recovery and sample, each lane's share of the gradients and its
-// store); the kernel's launch, its scratch interleaving and the warp's sums are the card's to check.
+// The plain adjoint in groups of lanes (epg_device.cuh vjp_plain_lanes_kernel: the real first order, and the
+// second at Dual<float, 1>), emulated on the host: each lane of a group runs as a thread of its own, and a
+// shuffle is a write, a barrier, a read of the neighbour's value and a barrier. What it holds to the host's
+// adjoints is event_loop.hpp's group path (the shifts across lanes, order 0's lane's recovery and sample,
+// each lane's share of the gradients and its store); the kernel's launch, its scratch interleaving, the
+// warp's sums and the padding groups are the card's to check.
 //
 // Build and run: run.sh (beside this file), which applies ../plain-group-adjoint.patch to a copy of the tree,
 // builds this with AddressSanitizer and UBSan and runs check.py.
@@ -23,21 +24,28 @@ namespace bs {
 namespace {
 
 // The group's shuffles: lane l reads lane l - 1's `up` source and lane l + 1's `down` source (the group's
-// first lane its own up, its last lane its own down), as __shfl_up_sync and __shfl_down_sync of width LANES.
+// first lane its own up, its last lane its own down), as __shfl_up_sync and __shfl_down_sync of width LANES,
+// every float of the number (a Dual's value and tangent) at once, as the device's each_float.
 struct Exchange {
+  static constexpr int kFloats = 2;  // float or Dual<float, 1>
   int lanes;
   std::barrier<> sync;
   std::vector<float> up, down;
-  explicit Exchange(int n) : lanes(n), sync(n), up(n), down(n) {}
-  void swap(int lane, float& from_below, float& from_above) {
-    up[lane] = from_below;
-    down[lane] = from_above;
+  explicit Exchange(int n) : lanes(n), sync(n), up(n * kFloats), down(n * kFloats) {}
+  template <class S>
+  void swap(int lane, S& from_below, S& from_above) {
+    static_assert(sizeof(S) <= kFloats * sizeof(float), "a float or a Dual<float, 1>");
+    constexpr int n = sizeof(S) / sizeof(float);
+    std::memcpy(&up[lane * kFloats], &from_below, sizeof(S));
+    std::memcpy(&down[lane * kFloats], &from_above, sizeof(S));
     sync.arrive_and_wait();
-    const float below = lane == 0 ? up[lane] : up[lane - 1];
-    const float above = lane == lanes - 1 ? down[lane] : down[lane + 1];
+    const int below = lane == 0 ? lane : lane - 1, above = lane == lanes - 1 ? lane : lane + 1;
+    float b[n], a[n];
+    std::memcpy(b, &up[below * kFloats], sizeof(S));
+    std::memcpy(a, &down[above * kFloats], sizeof(S));
     sync.arrive_and_wait();
-    from_below = below;
-    from_above = above;
+    std::memcpy(&from_below, b, sizeof(S));
+    std::memcpy(&from_above, a, sizeof(S));
   }
 };
 
@@ -49,6 +57,7 @@ struct HostWarpShift {
   int lane;
   int64_t K;
   int lanes;
+  bool samples = true;
   template <class S>
   void operator()(Planes<S> x, int64_t kpl) const {
     S up = x.p[kpl - 1], down = x.m[0];
@@ -87,11 +96,13 @@ struct HostWarpShiftAdjoint {
 
 std::string last_error;
 
-// One group: vjp_plain_lanes_kernel's body for voxel v, each lane in its own thread. Each lane's event
-// gradients go to its own accumulator (the card sums the warp), its tissue gradients to `tissue`.
-void run_group(const Problem<float>& pb_in, int64_t v, int lanes, const SampleIO<float>& io_in,
-               std::vector<std::vector<float>>& event_acc, std::vector<std::vector<float>>& tissue,
-               std::vector<std::vector<float>>& stores) {
+// One group: vjp_plain_lanes_kernel's body for voxel v, each lane in its own thread (N = float: the first
+// order; Dual<float, 1>: the second). Each lane's event gradients go to its own accumulator (the card sums
+// the warp), its tissue gradients to `tissue`; order 0's lane writes the samples where io asks.
+template <class N>
+void run_group(const Problem<float>& pb_in, int64_t v, int lanes, const SampleIO<N>& io_in,
+               std::vector<std::vector<N>>& event_acc, std::vector<std::vector<N>>& tissue,
+               std::vector<std::vector<N>>& stores) {
   constexpr int KC = 32;
   const int kpl = KC / lanes;
   Exchange ex(lanes);
@@ -102,21 +113,20 @@ void run_group(const Problem<float>& pb_in, int64_t v, int lanes, const SampleIO
       try {
         Problem<float> pb = pb_in;
         pb.K = kpl;
-        SampleIO<float> io = io_in;
+        SampleIO<N> io = io_in;
         io.base = v * pb.S;
-        io.signal = nullptr;
-        const Voxel<float> t = load_voxel<float>(pb, v);
-        std::vector<float> work(3 * 3 * kpl);
-        const Ref<float> states{work.data(), 1};
+        const Voxel<N> t = load_voxel<N>(pb, v);
+        std::vector<N> work(3 * 3 * kpl);
+        const Ref<N> states{work.data(), 1};
         const int64_t k0 = int64_t(lane) * kpl;
-        VoxelGrad<float> g;
-        std::vector<float>& store = stores[lane];
-        std::fill(store.begin(), store.end(), std::nanf(""));  // every read of the store follows its write
-        const EventGrad<float> eg{event_acc[lane].data(), pb.E};
-        vjp_voxel_plain<float, float>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
-                                      state_at(pb, states, 2, k0), Ref<float>{store.data(), 1}, io, g, eg,
-                                      HostWarpShift{&ex, lane, KC, lanes}, HostWarpShiftAdjoint{&ex, lane, KC, lanes});
-        float per_param[BS_NUM_TISSUE];
+        VoxelGrad<N> g;
+        std::vector<N>& store = stores[lane];
+        std::fill(store.begin(), store.end(), N(std::nanf("")));  // every read of the store follows its write
+        const EventGrad<N> eg{event_acc[lane].data(), pb.E};
+        vjp_voxel_plain<N, N>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
+                              state_at(pb, states, 2, k0), Ref<N>{store.data(), 1}, io, g, eg,
+                              HostWarpShift{&ex, lane, KC, lanes}, HostWarpShiftAdjoint{&ex, lane, KC, lanes});
+        N per_param[BS_NUM_TISSUE];
         tissue_gradients(g, t, per_param);
         for (int j = 0; j < BS_NUM_TISSUE; ++j) tissue[lane][j] = per_param[j];
       } catch (...) {
@@ -129,6 +139,49 @@ void run_group(const Problem<float>& pb_in, int64_t v, int lanes, const SampleIO
     if (e) std::rethrow_exception(e);
 }
 
+// The adjoint of every voxel by groups: gradients written to `grads` (values) and `grads_tangent` (N's
+// tangent, the second order), event gradients summed over lanes and voxels in double.
+template <class N>
+void emulate(const Problem<float>& pb, int64_t V, int lanes, const SampleIO<N>& io, const bs_grads& grads,
+             const bs_grads* grads_tangent) {
+  if (pb.K != 32 || !plain_adjoint<N, N>(pb))
+    throw std::invalid_argument("not the plain adjoint's problem (32 orders, plain_adjoint)");
+  const int64_t E = pb.E, nev = 3 * E + 1;
+  std::vector<double> events(nev, 0.0), events_tan(nev, 0.0);
+  const int64_t store_size = lane_store_size(pb, 32 / lanes, true);
+  std::vector<std::vector<N>> stores(lanes, std::vector<N>(store_size));
+  for (int64_t v = 0; v < V; ++v) {
+    std::vector<std::vector<N>> event_acc(lanes, std::vector<N>(nev, N(0)));
+    std::vector<std::vector<N>> tissue(lanes, std::vector<N>(BS_NUM_TISSUE, N(0)));
+    run_group<N>(pb, v, lanes, io, event_acc, tissue, stores);
+    for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+      N total(0);
+      for (int lane = 0; lane < lanes; ++lane) total += tissue[lane][j];
+      if (grads.tissue[j]) static_cast<float*>(grads.tissue[j])[v] = value_of(total);
+      if constexpr (Num<N>::P > 0) {
+        if (grads_tangent && grads_tangent->tissue[j]) static_cast<float*>(grads_tangent->tissue[j])[v] = total.d[0];
+      }
+    }
+    for (int lane = 0; lane < lanes; ++lane)
+      for (int64_t i = 0; i < nev; ++i) {
+        events[i] += value_of(event_acc[lane][i]);
+        if constexpr (Num<N>::P > 0) events_tan[i] += event_acc[lane][i].d[0];
+      }
+  }
+  auto write = [&](const bs_grads& out, const std::vector<double>& from) {
+    auto put = [&](void* p, int64_t offset, int64_t count) {
+      if (p)
+        for (int64_t i = 0; i < count; ++i) static_cast<float*>(p)[i] = float(from[offset + i]);
+    };
+    put(out.dt_s, 0, E);
+    put(out.flip_rad, E, E);
+    put(out.phase_rad, 2 * E, E);
+    put(out.dt_wrap_s, 3 * E, 1);
+  };
+  write(grads, events);
+  if (grads_tangent) write(*grads_tangent, events_tan);
+}
+
 }  // namespace
 }  // namespace bs
 
@@ -139,38 +192,34 @@ extern "C" const char* emul_last_error() { return bs::last_error.c_str(); }
 extern "C" int32_t emul_vjp_lanes(const bs_epg_vjp_args* a, int32_t lanes) {
   using namespace bs;
   try {
-    if (a->dtype != 0) throw std::invalid_argument("float32 only");
-    if (a->program.path != BS_PATH_REAL) throw std::invalid_argument("the real path only");
+    if (a->dtype != 0 || a->program.path != BS_PATH_REAL) throw std::invalid_argument("float32, the real path");
     if (lanes != 4 && lanes != 8) throw std::invalid_argument("lanes must be 4 or 8");
-    const Problem<float> pb = make_problem<float>(a->program, a->tissue, nullptr, a->tables, nullptr);
-    if (pb.K != 32 || !plain_adjoint<float, float>(pb))
-      throw std::invalid_argument("not the register adjoint's problem (32 orders, plain_adjoint)");
-    const int64_t V = a->tissue.num_voxels, E = pb.E, nev = 3 * E + 1;
-    std::vector<double> events(nev, 0.0);
     SampleIO<float> io;
     io.cot = static_cast<const float*>(a->cotangent);
-    const int64_t store_size = lane_store_size(pb, 32 / lanes, true);
-    std::vector<std::vector<float>> stores(lanes, std::vector<float>(store_size));
-    for (int64_t v = 0; v < V; ++v) {
-      std::vector<std::vector<float>> event_acc(lanes, std::vector<float>(nev, 0.0f));
-      std::vector<std::vector<float>> tissue(lanes, std::vector<float>(BS_NUM_TISSUE, 0.0f));
-      run_group(pb, v, lanes, io, event_acc, tissue, stores);
-      for (int j = 0; j < BS_NUM_TISSUE; ++j) {
-        float total = 0;
-        for (int lane = 0; lane < lanes; ++lane) total += tissue[lane][j];
-        if (a->grads.tissue[j]) static_cast<float*>(a->grads.tissue[j])[v] = total;
-      }
-      for (int lane = 0; lane < lanes; ++lane)
-        for (int64_t i = 0; i < nev; ++i) events[i] += event_acc[lane][i];
-    }
-    auto put = [&](void* p, int64_t offset, int64_t count) {
-      if (p)
-        for (int64_t i = 0; i < count; ++i) static_cast<float*>(p)[i] = float(events[offset + i]);
-    };
-    put(a->grads.dt_s, 0, E);
-    put(a->grads.flip_rad, E, E);
-    put(a->grads.phase_rad, 2 * E, E);
-    put(a->grads.dt_wrap_s, 3 * E, 1);
+    emulate<float>(make_problem<float>(a->program, a->tissue, nullptr, a->tables, nullptr), a->tissue.num_voxels,
+                   lanes, io, a->grads, nullptr);
+    return 0;
+  } catch (const std::exception& e) {
+    bs::last_error = e.what();
+    return 1;
+  }
+}
+
+// The second-order adjoint (the VJP at Dual<float, 1> along the call's one tangent) likewise, the signal and
+// its tangent written where asked.
+extern "C" int32_t emul_vjp_jvp_lanes(const bs_epg_vjp_jvp_args* a, int32_t lanes) {
+  using namespace bs;
+  try {
+    if (a->dtype != 0 || a->program.path != BS_PATH_REAL) throw std::invalid_argument("float32, the real path");
+    if (lanes != 4 && lanes != 8) throw std::invalid_argument("lanes must be 4 or 8");
+    using N = Dual<float, 1>;
+    SampleIO<N> io;
+    io.cot = static_cast<const float*>(a->cotangent);
+    io.cot_tan = static_cast<const float*>(a->cotangent_tangent);
+    io.signal = static_cast<float*>(a->signal);
+    io.signal_tan = static_cast<float*>(a->signal_tangent);
+    emulate<N>(make_problem<float>(a->program, a->tissue, &a->tangents, a->tables, &a->tables_tangent),
+               a->tissue.num_voxels, lanes, io, a->grads, &a->grads_tangent);
     return 0;
   } catch (const std::exception& e) {
     bs::last_error = e.what();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The plain group adjoint's host emulation: apply ../plain-group-adjoint.patch to a copy of this tree (HEAD's
 # tracked files), build group_emulation.cpp against it with AddressSanitizer and UBSan, and run check.py,
-# then (MUTATIONS=1) the same checks with each of four lines of the patch's group path undone, each of which
+# then (MUTATIONS=1) the same checks with each of five lines of the patch's group path undone, each of which
 # must fail. Needs the host library (BLOCHSIM_CPU_LIBRARY, or the package built in place) and g++ with C++20.
 # Run from the repository root: bash benchmarks/variants/plain-group-adjoint-emulation/run.sh
 set -uo pipefail
@@ -38,6 +38,7 @@ s/if (!order0) gq.a0 = gq.c0 = N(0);/;/
 s/if (x.k0 != 0) lane_q.a0 = lane_q.c0 = N(0);/;/
 s/if (!order0) f0 = N(0);  \/\/ another/;  \/\/ another/
 s/if (order0) add_sample_adjoint(l.fp(0)\[0\], w, pe.turn);/add_sample_adjoint(l.fp(0)[0], w, pe.turn);/
+s/  return k0 == 0 \&\& shift.samples;/  return shift.samples;/
 MUTATIONS
 cp "$work/event_loop.hpp" "$loop"
 exit $status
