@@ -290,13 +290,16 @@ def test_sanitizer_case():
             if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
                 with pytest.MonkeyPatch.context() as patch:
                     test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)
-                    test_group_second_order_adjoints_match_the_oracle(mapping, "complex", patch)
+                    test_group_second_order_adjoints_match_the_oracle(mapping, 20, "complex", patch)
+                    # the real path's plain layout at 32 orders, both orders
+                    test_group_adjoints_match_the_oracle(mapping, 32, "real", patch)
+                    test_group_second_order_adjoints_match_the_oracle(mapping, 32, "real", patch)
             if mapping == "thread":  # the real register kernel (32 orders): its samples staged, per warp and not
                 test_staged_samples_match_host(131, mapping)
                 with pytest.MonkeyPatch.context() as patch:  # the plain adjoint, registers (32) and scratch (20)
                     for states in (32, 20):
                         test_group_adjoints_match_the_oracle(mapping, states, "real", patch)
-                    test_group_second_order_adjoints_match_the_oracle(mapping, "real", patch)
+                    test_group_second_order_adjoints_match_the_oracle(mapping, 20, "real", patch)
         finally:
             del os.environ["BLOCHSIM_CUDA_MAPPING"]
 
@@ -367,12 +370,13 @@ def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ("real", "complex"))
+@pytest.mark.parametrize("states", (20, 32))
 @pytest.mark.parametrize("group", ("lanes8", "lanes4", "thread"))
-def test_group_second_order_adjoints_match_the_oracle(group, path, monkeypatch):
+def test_group_second_order_adjoints_match_the_oracle(group, states, path, monkeypatch):
     """The VJP-JVP in groups of lanes, and a thread per voxel (on the real path the plain step pair at dual
     numbers, its states in device scratch): the backward of the VJP, a Hessian-vector product by double
-    backward of sum |signal - target|^2, over event values and tissue at once, 13 voxels, 20 orders, against
-    the oracle."""
+    backward of sum |signal - target|^2, over event values and tissue at once, 13 voxels, 20 and 32 orders
+    (the real path's 32 in groups: its dual states fit a group's registers), against the oracle."""
     monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
     x = group_inputs(path)
     target = 0.1 * group_cotangent((GROUP_VOXELS, 24))
@@ -382,7 +386,7 @@ def test_group_second_order_adjoints_match_the_oracle(group, path, monkeypatch):
     got, want = {}, {}
     for device, out in ((GROUP_CARD, got), (None, want)):
         leaf = group_leaves(x)
-        signal = group_signal(leaf, path, 20, device)
+        signal = group_signal(leaf, path, states, device)
         loss = (signal - target.to(signal.device, signal.dtype)).abs().pow(2).sum()
         first = torch.autograd.grad(loss, list(leaf.values()), create_graph=True)
         gv = sum((gi * direction[k].to(gi.device, gi.dtype)).sum() for gi, k in zip(first, leaf, strict=True))
