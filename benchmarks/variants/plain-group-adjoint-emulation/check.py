@@ -1,5 +1,6 @@
-"""The plain group adjoint's host emulation (libgroup_emulation.so, built by run.sh) against the host
-library, both reached through the public API (the engine's adjoint calls routed to the emulation):
+"""A host emulation of the plain group adjoint (EMULATION: libgroup_emulation.so, its group path, or
+libkernel_emulation.so, the kernel's own source; run.sh builds both) against the host library, both reached
+through the public API (the engine's adjoint calls routed to the emulation):
 
 1. first order: every input's gradient of Re<w, signal>;
 2. second order: a Hessian-vector product by double backward of sum |signal|^2 (every input, along a fixed
