@@ -337,8 +337,12 @@ def group_signal(x: dict, path: str, states: int, device: str | None) -> torch.T
     return engine.simulate(d, t, states=states, path=path)
 
 
-def group_leaves(x: dict) -> dict:
-    return {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+def group_leaves(x: dict, device: str | None) -> dict:
+    """Leaves where the user makes them: every protocol and tissue tensor on `device` in float32 (the engine's
+    run), or float64 on the host (the oracle's, device None)."""
+    if device is None:
+        return {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+    return {k: v.to(device, torch.float32).requires_grad_() for k, v in x.items()}
 
 
 def group_cotangent(shape) -> torch.Tensor:
@@ -359,7 +363,7 @@ def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
     w = group_cotangent((GROUP_VOXELS, 24))
     got, want = {}, {}
     for device, out in ((GROUP_CARD, got), (None, want)):
-        leaf = group_leaves(x)
+        leaf = group_leaves(x, device)
         signal = group_signal(leaf, path, states, device)
         cost = (w.to(signal.device, signal.dtype).conj() * signal).real.sum()
         out.update(zip(leaf, torch.autograd.grad(cost, list(leaf.values())), strict=True))
@@ -385,7 +389,7 @@ def test_group_second_order_adjoints_match_the_oracle(group, states, path, monke
                  for k, v in x.items()}  # each input moved by a tenth of its size, so none hides below another
     got, want = {}, {}
     for device, out in ((GROUP_CARD, got), (None, want)):
-        leaf = group_leaves(x)
+        leaf = group_leaves(x, device)
         signal = group_signal(leaf, path, states, device)
         loss = (signal - target.to(signal.device, signal.dtype)).abs().pow(2).sum()
         first = torch.autograd.grad(loss, list(leaf.values()), create_graph=True)
