@@ -1,95 +1,60 @@
-// The plain group adjoint's own kernel source (csrc/cuda/epg_device.cuh vjp_plain_lanes_kernel, with the
-// warp's sums, atomics, padding groups and interleaved scratch), compiled by g++ against cuda_on_host/ and run
-// on the host: every warp of the launch grid as 32 threads (cuda_runtime.h there). The entry points take the
-// engine's argument structs, as group_emulation.cpp's, so check.py routes the engine's adjoints to either.
-// Build and run: run.sh (beside this file).
-#include "epg_device.cuh"
+// The CUDA library's adjoint passes with their kernels run on the host: csrc/cuda/epg_device.cuh and the
+// launch plan (launch_plan.hpp vjp_pass, vjp_jvp_pass; launch_rules.hpp) compiled by g++ against
+// cuda_on_host/ (a stand-in CUDA runtime: every warp of a grid at once, 32 threads each), with a launcher that
+// runs each kernel's grid on the host instead of a stream. So an adjoint's launch rules, scratch size,
+// kernels, warp sums and atomics run as the card would run them, on host memory
+// (test_plain_groups_on_host.py routes the engine's adjoint calls here).
+#include <cstring>
 
-#include <cmath>
-#include <string>
+#include "blochsim/abi_guard.hpp"
+#include "blochsim/launch_plan.hpp"
+#include "epg_device.cuh"
 
 namespace bs {
 namespace {
-std::string last_error;
-
-// launch_vjp's part for this kernel: outputs zeroed, the event gradients' and the tissue's destinations,
-// the scratch of the threads launched (whole blocks of 128) x a lane's store, filled with NaN (the card's is
-// uninitialised), and the grid.
-template <class N, int LANES>
-void launch(const Problem<float>& pb, int64_t V, const SampleIO<N>& io, const bs_grads& grads,
-            const bs_grads* grads_tangent) {
-  if (pb.K != 32 || !plain_adjoint<N, N>(pb))
-    throw std::invalid_argument("not the plain adjoint's problem (32 orders, plain_adjoint)");
-  DeviceEventGrad<N> eg{};
-  void* const outs[4] = {grads.dt_s, grads.flip_rad, grads.phase_rad, grads.dt_wrap_s};
-  const int64_t counts[4] = {pb.E, pb.E, pb.E, 1};
-  for (int i = 0; i < 4; ++i) {
-    eg.out[i] = static_cast<float*>(outs[i]);
-    if (outs[i]) std::memset(outs[i], 0, sizeof(float) * counts[i]);
-    if (grads_tangent) {
-      void* const t[4] = {grads_tangent->dt_s, grads_tangent->flip_rad, grads_tangent->phase_rad,
-                          grads_tangent->dt_wrap_s};
-      eg.out_tan[i] = static_cast<float*>(t[i]);
-      if (t[i]) std::memset(t[i], 0, sizeof(float) * counts[i]);
-    }
+struct HostGridLauncher {
+  static constexpr bool kWarpKernels = true;
+  template <class N>
+  using EventGrad = DeviceEventGrad<N>;
+  void zero(void* data, size_t bytes) const { std::memset(data, 0, bytes); }
+#define BS_KERNEL(tag, kernel, what, params, args)                                                   \
+  template <BS_UNPAREN params, class... A>                                                           \
+  void start(tag<BS_UNPAREN args>, const LaunchShape& shape, const A&... arguments) const {           \
+    cuda_on_host::run_grid(shape.grid, shape.block, [&] { kernel<BS_UNPAREN args>(arguments...); }); \
   }
-  GradOut<float> out{};
-  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
-    out.tissue[j] = static_cast<float*>(grads.tissue[j]);
-    out.tissue_tan[j] = grads_tangent ? static_cast<float*>(grads_tangent->tissue[j]) : nullptr;
-  }
-  const int64_t threads = 128 * ((V * LANES + 127) / 128);
-  std::vector<N> scratch(static_cast<size_t>(threads * lane_store_size(pb, 32 / LANES, true)), N(std::nanf("")));
-  cuda_on_host::run_grid(static_cast<unsigned>(threads / 128), 128, [&] {
-    vjp_plain_lanes_kernel<N, N, LANES>(pb, V, io, eg, out, scratch.data());
-  });
-}
+#include "blochsim/launch_table.def"
+};
 
+// bs_epg_scratch_bytes of the CUDA build (cuda_abi.inc), for the adjoint passes of the real path.
 template <class N>
-void launch_lanes(int lanes, const Problem<float>& pb, int64_t V, const SampleIO<N>& io, const bs_grads& grads,
-                  const bs_grads* grads_tangent) {
-  if (lanes == 8)
-    launch<N, 8>(pb, V, io, grads, grads_tangent);
-  else if (lanes == 4)
-    launch<N, 4>(pb, V, io, grads, grads_tangent);
-  else
-    throw std::invalid_argument("lanes must be 4 or 8");
+int64_t adjoint_bytes(const bs_program& pg, const bs_tissue& ts, const bs_tables& tb) {
+  return vjp_scratch_bytes<N, N>(make_problem<float>(pg, ts, nullptr, tb, nullptr, false), ts.num_voxels, true);
 }
 }  // namespace
 }  // namespace bs
 
-extern "C" const char* emul_last_error() { return bs::last_error.c_str(); }
-
-extern "C" int32_t emul_vjp_lanes(const bs_epg_vjp_args* a, int32_t lanes) {
-  using namespace bs;
-  try {
-    if (a->dtype != 0 || a->program.path != BS_PATH_REAL) throw std::invalid_argument("float32, the real path");
-    SampleIO<float> io;
-    io.cot = static_cast<const float*>(a->cotangent);
-    launch_lanes<float>(lanes, make_problem<float>(a->program, a->tissue, nullptr, a->tables, nullptr),
-                        a->tissue.num_voxels, io, a->grads, nullptr);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
+extern "C" {
+const char* emul_last_error(void) { return bs::last_error().c_str(); }
+// pass 2: bs_epg_vjp_args, 3: bs_epg_vjp_jvp_args (float32, the real path); -1 with emul_last_error's message.
+int64_t emul_scratch_bytes(int32_t pass, const void* args) {
+  int64_t bytes = -1;
+  const int32_t status = bs::guarded([&] {
+    if (pass == 2) {
+      const auto& a = *static_cast<const bs_epg_vjp_args*>(args);
+      bytes = bs::adjoint_bytes<float>(a.program, a.tissue, a.tables);
+    } else if (pass == 3) {
+      const auto& a = *static_cast<const bs_epg_vjp_jvp_args*>(args);
+      bytes = bs::adjoint_bytes<bs::Dual<float, 1>>(a.program, a.tissue, a.tables);
+    } else {
+      throw std::invalid_argument("pass must be 2 (VJP) or 3 (VJP-JVP)");
+    }
+  });
+  return status == 0 ? bytes : -1;
 }
-
-extern "C" int32_t emul_vjp_jvp_lanes(const bs_epg_vjp_jvp_args* a, int32_t lanes) {
-  using namespace bs;
-  try {
-    if (a->dtype != 0 || a->program.path != BS_PATH_REAL) throw std::invalid_argument("float32, the real path");
-    using N = Dual<float, 1>;
-    SampleIO<N> io;
-    io.cot = static_cast<const float*>(a->cotangent);
-    io.cot_tan = static_cast<const float*>(a->cotangent_tangent);
-    io.signal = static_cast<float*>(a->signal);
-    io.signal_tan = static_cast<float*>(a->signal_tangent);
-    launch_lanes<N>(lanes, make_problem<float>(a->program, a->tissue, &a->tangents, a->tables, &a->tables_tangent),
-                    a->tissue.num_voxels, io, a->grads, &a->grads_tangent);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
+int32_t emul_vjp(const bs_epg_vjp_args* a) {
+  return bs::guarded([&] { bs::vjp_pass(bs::HostGridLauncher{}, *a); });
+}
+int32_t emul_vjp_jvp(const bs_epg_vjp_jvp_args* a) {
+  return bs::guarded([&] { bs::vjp_jvp_pass(bs::HostGridLauncher{}, *a); });
+}
 }

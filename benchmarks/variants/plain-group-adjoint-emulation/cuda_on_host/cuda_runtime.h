@@ -9,13 +9,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
-#include <mutex>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
