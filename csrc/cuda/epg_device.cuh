@@ -224,7 +224,7 @@ __device__ __forceinline__ void decode_chunk(const Problem<R>& pb, int64_t i0, B
 template <class N, class S, class R>
 __global__ void __launch_bounds__(kBlockEvents)
     decode_events_kernel(const Problem<R> pb, BlockEvent<N>* table, R* pulse_pairs) {
-  __shared__ alignas(16) unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
+  alignas(16) __shared__ unsigned char raw[kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors in shared
   __shared__ int folded;
   if (pulse_pairs) {
     const int64_t threads = int64_t(gridDim.x) * blockDim.x, rows = pulse_pair_count(pb);
@@ -295,7 +295,7 @@ __device__ __forceinline__ void async_copies_wait() {
 // else decoded and folded by the block. Every thread of the block calls it (it synchronises the block).
 template <class N, class S, class R, class Body>
 __device__ __forceinline__ void for_each_chunk(const Problem<R>& pb, const Body& body) {
-  __shared__ alignas(16) unsigned char raw[2][kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors
+  alignas(16) __shared__ unsigned char raw[2][kBlockEvents * sizeof(BlockEvent<N>)];  // no constructors
   __shared__ int folded;
   const int64_t chunks = event_chunks(pb);
   const BlockEvent<N>* const table = static_cast<const BlockEvent<N>*>(pb.events);
@@ -617,9 +617,11 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
 // group.
 struct WarpShift {
   static constexpr bool kCounted = false;  // see shift_pools
+  static constexpr bool kWhole = false;    // a lane's orders (event_loop.hpp LocalShift)
   int lane;
   int64_t K;  // orders of the voxel
   int lanes = 32;
+  bool samples = true;  // the plain steps' (event_loop.hpp lane_puts_sample): false in a padding group
   template <class S>
   __device__ void operator()(Planes<S> x, int64_t kpl) const {
     const S up = each_float(x.p[kpl - 1], FromLaneBelow{lanes});
@@ -770,6 +772,58 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
     }
   }
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);
+}
+
+// The real register adjoint's scheme (vjp_voxel_plain: one pass over the orders per event, K = 32, plain
+// layout) with LANES = 8 or 4 lanes per voxel, 4 or 8 orders a lane: each lane steps its orders and keeps its
+// own store (checkpoints, replay slots, deferrals) in device scratch, interleaved by thread as
+// vjp_warp_kernel's. A thread per voxel (vjp_kernel<N, S, 32>) walks a voxel's whole chain of passes, 32
+// orders long each, in series; at a few thousand voxels its few warps leave the card waiting on that chain
+// (2k voxels: 63 one-warp blocks, 2.79 ms, where the forward a warp per voxel took 0.30). A lane's pass is
+// 4 or 8 orders and a shift's shuffles. The pass's gradients need no sum across the group per event: each
+// lane adds its orders' share (step_adjoint_plain), DeviceEventGrad sums the warp, and the tissue's are
+// summed over the group once, here. Groups past the last voxel replay it and write nothing (every lane of a
+// warp takes part in its shuffles); whole warps past it return. The real adjoints of the plain layout at 32
+// orders come here (launch_rules.hpp plain_group_adjoint: no pool or pulse tables, so no table cotangents):
+// the first order (N = float), and the second (N = Dual<float, 1>: the VJP along one tangent, its sweep
+// writing the signal and its tangent where asked, on order 0's lane of each group with a voxel).
+template <class N, class S, int LANES, class R>
+__global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
+                                                              DeviceEventGrad<N> eg, GradOut<R> out, S* scratch) {
+  static_assert(std::is_same<N, S>::value && Num<N>::P <= 1, "the real plain adjoints (plain_group_adjoint)");
+  static_assert(LANES == 4 || LANES == 8, "groups of 4 or 8 lanes");
+  constexpr int KC = 32, KPL = KC / LANES;
+  const int lane = threadIdx.x & (LANES - 1);
+  const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t group = thread / LANES;
+  if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps
+  const bool active = group < V;
+  const int64_t v = active ? group : V - 1;
+  Problem<R> pb = specialise<KC>(pb_in);
+  pb.K = KPL;  // the lane's orders
+  eg.active = active;
+  io.base = v * pb.S;  // io.signal stays set in a padding group (WarpShift::samples keeps it from writing)
+  const Voxel<N> t = load_voxel<N>(pb, v);
+  S work[3 * 3 * KPL];
+  const Ref<S> states{work, 1};
+  const int64_t k0 = int64_t(lane) * KPL;
+  VoxelGrad<N> g;
+  const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL, true));  // as vjp_state_bytes
+  vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
+                        state_at(pb, states, 2, k0), store, io, g, eg, WarpShift{lane, KC, LANES, active},
+                        WarpShiftAdjoint{lane, KC, LANES});
+  N per_param[BS_NUM_TISSUE];
+  tissue_gradients(g, t, per_param);
+  const bool writer = lane == 0 && active;
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
+    const N total = LanesTotal<LANES>{}(per_param[j]);
+    if (!writer) continue;
+    if (out.tissue[j]) out.tissue[j][v] = value_of(total);
+    if constexpr (Num<N>::P > 0) {
+      if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
+    }
+  }
 }
 
 }  // namespace bs

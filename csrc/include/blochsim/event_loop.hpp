@@ -85,6 +85,10 @@ BS_HD void equilibrium_state(const Problem<R>& pb, int64_t v, State<S> x) {
 // instead: epg_device.cuh).
 struct LocalShift {
   static constexpr bool kCounted = true;  // see shift_pools
+  // The shift moves the voxel's whole array, order 0 included: the plain passes fold it into the pass
+  // (relax_rotate<1> reads the neighbouring order), where a group's lane shifts across lanes first
+  // (WarpShift, epg_device.cuh; step_forward_plain, step_adjoint_plain).
+  static constexpr bool kWhole = true;
   template <class S>
   BS_HD void operator()(Planes<S> x, int64_t K) const {
     shift(x, K);
@@ -113,6 +117,17 @@ BS_HD void shift_pools(State<S> x, int64_t K, const Shift& shift, int times) {
       for (int p = 0; p < x.nt; ++p) shift(x.water(p), K);
     if (times >= 2)
       for (int p = 0; p < x.nt; ++p) shift(x.water(p), K);
+  }
+}
+
+// `times` shifts carried by the plain path (Deferral, below) of its one pool: any count (shift_pools unrolls
+// a group's two).
+template <class S, class Shift>
+BS_HD void shift_carried(State<S> x, int64_t K, const Shift& shift, int times) {
+  if constexpr (Shift::kWhole) {
+    shift_pools(x, K, shift, times);
+  } else {
+    for (int i = 0; i < times; ++i) shift(x.water(0), K);
   }
 }
 
@@ -274,8 +289,23 @@ BS_HD void put_sample(KeptF0<N>* io, int32_t, const N& f0, const Cx<N>&) {
 BS_HD bool passes_over_states(int32_t action) {
   return (action & (BS_INTERVAL | BS_INVERSION | BS_ROTATE)) != 0;
 }
-template <class N, class IO>
-BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer) {
+// Whether a group's lane (a shift across lanes: WarpShift, epg_device.cuh) writes the sample it reads: order 0's
+// lane, and into the caller's signal (SampleIO) only in a group with a voxel of its own (shift.samples: a
+// padding group replays the last voxel; its signal pointer stays set, so that the warp's lanes take one
+// branch around the steps, whose shifts shuffle).
+template <class Shift, class IO>
+BS_HD bool lane_puts_sample(const Shift&, int64_t k0, const IO*) {
+  return k0 == 0;
+}
+template <class Shift, class N>
+BS_HD bool lane_puts_sample(const Shift& shift, int64_t k0, const SampleIO<N>*) {
+  return k0 == 0 && shift.samples;
+}
+// shift: a voxel's whole array (LocalShift), or a group's lane's orders (WarpShift, epg_device.cuh
+// vjp_plain_lanes_kernel): x.k0 then names the lane's first order, and the pass's shifts cross the lanes.
+template <class N, class IO, class Shift = LocalShift>
+BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp, IO* io, Deferral& defer,
+                              const Shift& shift = Shift()) {
   constexpr bool kInPlace = PassesInPlace<N>::value;
   const int64_t K = x.K;
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
@@ -288,14 +318,24 @@ BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
       defer.spoiled = false;
     }
     const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
-    if (ahead > 1) {
-      if constexpr (kInPlace) work_on(x, tmp);
-      shift_pools(x, K, LocalShift(), ahead - 1);
+    if constexpr (Shift::kWhole) {
+      if (ahead > 1) {
+        if constexpr (kInPlace) work_on(x, tmp);
+        shift_pools(x, K, shift, ahead - 1);
+      }
+      if (ahead == 0)
+        relax_rotate<0>(tmp.water(0), x.water(0), K, q);
+      else
+        relax_rotate<1>(tmp.water(0), x.water(0), K, q);
+    } else {
+      // A group's lane: the pass's own shift would read a neighbour's order across the lane boundary, so
+      // every shift goes ahead of it, and the recovery into Z(0) is order 0's lane's alone.
+      static_assert(!kInPlace, "groups of lanes are the device's");
+      shift_carried(x, K, shift, ahead);
+      RelaxRotate<N> lane_q = q;
+      if (x.k0 != 0) lane_q.a0 = lane_q.c0 = N(0);
+      relax_rotate<0>(tmp.water(0), x.water(0), K, lane_q);
     }
-    if (ahead == 0)
-      relax_rotate<0>(tmp.water(0), x.water(0), K, q);
-    else
-      relax_rotate<1>(tmp.water(0), x.water(0), K, q);
     if constexpr (kInPlace)
       x = tmp;
     else
@@ -306,12 +346,15 @@ BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
   if (io && io->signal && pe.record >= 0) {
     if (ahead > 0 && !defer.spoiled) {  // a sample on an event that leaves the states alone: shift first
       if constexpr (kInPlace) work_on(x, tmp);
-      shift_pools(x, K, LocalShift(), ahead);
+      shift_carried(x, K, shift, ahead);
       ahead = 0;
       wrote = true;
     }
     const N f0 = defer.spoiled ? N(0) : x.fp(0)[0];
-    put_sample(io, pe.record, f0, pe.turn);
+    if constexpr (Shift::kWhole)
+      put_sample(io, pe.record, f0, pe.turn);
+    else if (lane_puts_sample(shift, x.k0, io))
+      put_sample(io, pe.record, f0, pe.turn);
   }
   if (pe.action & BS_SPOIL_AFTER) {
     defer.spoiled = true;
@@ -329,12 +372,18 @@ BS_HD bool step_forward_plain(const PlainEvent<N>& pe, State<N> x, State<N> tmp,
 // only where more than one shift was carried; l: the gradient with respect to the array after the event,
 // updated in place. ev: the event's e, wrap, dt and flip; demod: its sample's cis(-phase). kept_f0: for an
 // event that only samples, the f0 it read (KeptF0), where x is then not read; null: taken from x.
-template <class N, class IO, class EG>
+// shift, shift_adjoint: as step_forward_plain's. A group's lane (l.k0: its first order) adds its orders'
+// share of every gradient: the pass's factor gradients are sums over the orders and all that is formed from
+// them is linear in them, so the shares need no sum across lanes here (eg sums over the warp, the caller
+// the tissue's over the group). The sample is order 0's lane's: the others add zero, taking part in eg's sum.
+template <class N, class IO, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev, const Cx<N>& demod,
                               const Voxel<N>& t, State<N> x, Deferral defer, State<N> tmp, State<N> l,
-                              const IO& io, VoxelGrad<N>& g, const EG& eg, const N* kept_f0 = nullptr) {
+                              const IO& io, VoxelGrad<N>& g, const EG& eg, const N* kept_f0 = nullptr,
+                              const Shift& shift = Shift(), const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   using R = typename Num<N>::Real;
   const int64_t K = x.K;
+  const bool order0 = Shift::kWhole || l.k0 == 0;  // this array holds order 0
   int ahead = (pe.action & BS_CRUSH_BEFORE ? 1 : 0) + defer.pending;
   const bool pass = passes_over_states(pe.action);
   if (!pass && pe.record < 0) return;  // the event only carried shifts or a spoiler forward
@@ -352,9 +401,21 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
     ahead = 0;
   }
   State<N> in = x;  // the pass's input
-  if (before > 0) {
-    copy_state(tmp, x);
-    shift_pools(tmp, K, LocalShift(), before);
+  if constexpr (Shift::kWhole) {
+    if (before > 0) {
+      copy_state(tmp, x);
+      shift_pools(tmp, K, shift, before);
+      in = tmp;
+    }
+  } else {
+    // A group's lane: the pass's own shift too goes ahead of it (step_forward_plain), in tmp, the caller's
+    // registers: `in` is tmp for every event, no run-time choice between it and the store.
+    before += A;
+    A = 0;
+    if (pass) {
+      copy_state(tmp, x);
+      shift_carried(tmp, K, shift, before);
+    }
     in = tmp;
   }
   const RelaxRotate<N> q = relax_rotate_factors(pe.E1, E2, pe.ca, pe.sa, pe.s2, pe.half_sa);
@@ -370,13 +431,14 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
           f0 = *kept_f0;
         } else if (shifted) {
           copy_state(tmp, x);
-          shift_pools(tmp, K, LocalShift(), ahead);
+          shift_carried(tmp, K, shift, ahead);
           f0 = tmp.fp(0)[0];
         } else {
           f0 = x.fp(0)[0];
         }
-        add_sample_adjoint(l.fp(0)[0], w, pe.turn);
+        if (order0) add_sample_adjoint(l.fp(0)[0], w, pe.turn);
       }
+      if (!order0) f0 = N(0);  // another lane's first order, not the sample's
       const Cx<N> u = transverse(f0) * demod;
       g.m0 += re_dot(w, u);
       eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
@@ -390,6 +452,7 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
     relax_rotate_adjoint<1>(l.water(0), in.water(0), K, q, gq);
   else
     relax_rotate_adjoint<0>(l.water(0), in.water(0), K, q, gq);
+  if (!order0) gq.a0 = gq.c0 = N(0);  // the recovery into Z(0) is order 0's (the pass adds it at its first)
   for (int i = 0; i < before; ++i) shift_adjoint(l.water(0), K);
   // a = sa E1, b = s2 E2, c = ca E1, d = half_sa E2, a0 = sa (1 - E1), c0 = ca (1 - E1).
   const N rec = R(1) - pe.E1;
@@ -545,10 +608,14 @@ BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool 
 }
 // The store of one lane of a group or warp adjoint (vjp_voxel's), in S: the whole problem's store states,
 // each of the planes over the lane's `orders` (vjp_warp_kernel's KPL; launch_rules.hpp
-// adjoint_orders_per_lane).
+// adjoint_orders_per_lane). `plain`: vjp_voxel_plain's in a group (epg_device.cuh vjp_plain_lanes_kernel),
+// whose checkpoints' deferrals fill whole states of the lane's orders.
 template <class R>
-BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders) {
-  return store_states(pb, false) * (2 * pb.nt + pb.nl) * orders;
+BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders, bool plain = false) {
+  if (!plain) return store_states(pb, false) * (2 * pb.nt + pb.nl) * orders;
+  Problem<R> lane = pb;
+  lane.K = orders;
+  return store_states(lane, true) * state_size(lane);
 }
 template <class S, class R>
 BS_HD State<S> state_at(const Problem<R>& pb, Ref<S> base, int64_t index, int64_t k0 = 0) {
@@ -703,9 +770,14 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // checkpoints' deferrals, then lambda while a stretch is replayed, so a thread's registers hold two states
 // at a time, not three (store_states). The sweep's samples go to io where it writes the signal, else
 // nowhere, with the shifts falling alike (DiscardSamples).
-template <class N, class S, class R, class EG>
+// A group's lane (epg_device.cuh vjp_plain_lanes_kernel) passes its shifts across the lanes and x, tmp and l
+// over its orders (pb.K of them from k0), keeps a store of its own over them, and adds its share of g and
+// eg (step_adjoint_plain). Its states fit its registers through the replay: lambda stays there, and tmp
+// (not l_kept's slot) takes the backward's shifted input.
+template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
-                           Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg) {
+                           Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg,
+                           const Shift& shift = Shift(), const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride, checkpoints = checkpoint_count(pb);
   const int64_t slots = replay_slots(pb, true);
   auto slot = [&](int64_t j) { return state_at(pb, store, j); };
@@ -732,16 +804,16 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       ++rep;
     }
     if (io.signal)
-      step_forward_plain(pe, x, tmp, &io, defer);
+      step_forward_plain(pe, x, tmp, &io, defer, shift);
     else
-      step_forward_plain(pe, x, tmp, &discard, defer);
+      step_forward_plain(pe, x, tmp, &discard, defer, shift);
   }
   zero_state(l);
   int slot_of[kPlainMaxStride];
   S deferral_of[kPlainMaxStride], f0_of[kPlainMaxStride];
   for (int64_t c = checkpoints - 1; c >= 0; --c) {
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
-    copy_state(l_kept, l);
+    if constexpr (Shift::kWhole) copy_state(l_kept, l);
     copy_state(x, checkpoint(c));
     defer = unpack_deferral(S(deferral_at[c]));
     int last = -1;
@@ -769,10 +841,10 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       // one call site: a third inlined copy of the step put the register kernel's states on the stack.
       const bool sample_only = !pass && pe.record >= 0;
       KeptF0<S> sample;
-      if ((sample_only || i + 1 < i1) && step_forward_plain(pe, x, tmp, &sample, defer)) written = true;
+      if ((sample_only || i + 1 < i1) && step_forward_plain(pe, x, tmp, &sample, defer, shift)) written = true;
       if (sample_only) f0_of[i - i0] = sample.f0;
     }
-    copy_state(l, l_kept);
+    if constexpr (Shift::kWhole) copy_state(l, l_kept);
     const int64_t rep1 = (i1 - 1) / pb.E;
     for (int64_t i = i1 - 1, rep = rep1, e = i1 - 1 - rep1 * pb.E; i >= i0; --i) {
       const EventValues<N> ev = load_event<N>(pb, rep, e);
@@ -787,8 +859,9 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two
       // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.
-      step_adjoint_plain(pe, ev, demod, t, slot(slot_of[i - i0]),
-                         unpack_deferral(deferral_of[i - i0]), l_kept, l, io, g, eg, pass ? nullptr : &f0_of[i - i0]);
+      step_adjoint_plain(pe, ev, demod, t, slot(slot_of[i - i0]), unpack_deferral(deferral_of[i - i0]),
+                         Shift::kWhole ? l_kept : tmp, l, io, g, eg, pass ? nullptr : &f0_of[i - i0], shift,
+                         shift_adjoint);
     }
   }
 }

@@ -191,6 +191,15 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     const int lanes = adjoint_lanes<N, S>(pb, V);
     if (lanes == 8 || lanes == 4) {  // a group per voxel (pool model 0, up to 32 orders: group_adjoint)
       const LaunchShape shape = lanes_shape(V, lanes);
+      if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme
+        if (plain_group_adjoint<N, S>(pb, lanes)) {
+          if (lanes == 8)
+            launcher.start(AdjointPlainLanes<N, S, 8>(), shape, pb, V, io, eg, out, state_scratch);
+          else
+            launcher.start(AdjointPlainLanes<N, S, 4>(), shape, pb, V, io, eg, out, state_scratch);
+          return;
+        }
+      }
       if (lanes == 8)
         launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       else

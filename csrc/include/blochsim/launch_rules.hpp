@@ -134,6 +134,14 @@ template <class R>
 inline bool group_adjoint(const Problem<R>& pb) {
   return !pb.tabulated && pb.K <= 32;
 }
+// Whether an adjoint of `lanes` lanes per voxel runs the plain adjoint's scheme in groups
+// (vjp_plain_lanes_kernel, its lanes' stores vjp_voxel_plain's) rather than the general one (vjp_warp_kernel):
+// the real plain layout at 32 orders, first order (register_adjoint's problems) and second (Dual<float, 1>,
+// which took the general groups at every size: their states fit a group's registers, as a thread's do not).
+template <class N, class S, class R>
+inline bool plain_group_adjoint(const Problem<R>& pb, int lanes) {
+  return (lanes == 4 || lanes == 8) && pb.K == 32 && plain_adjoint<N, S>(pb);
+}
 // Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
 // 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
 // groups of 8, none on the warp; not measured). H200, 2026-12-04, ms per call through the API under the
@@ -144,7 +152,7 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // slower than auto's). Launches of 20k-100k voxels (a 1 GiB budget): lanes8 within 10% of the best (lanes4 or
 // the thread) on the real gradient and the fastest on the complex one and the HVP. A forced group where none
 // is compiled takes a thread per voxel, as the forward's does.
-// The real plain path's first-order adjoint at 32 orders takes a thread per voxel at every size
+// The real plain path's first-order adjoint at 32 orders takes a thread per voxel past kPlainGroupVoxels
 // (register_adjoint): vjp_voxel_plain, one pass over the orders per event, its working states in registers
 // (event_loop.hpp; ptxas, sm_90: 255 registers, 128 bytes of spill stores since its scratch is in warp
 // tiles and it compiles alone). H200, through the API, ms, thread / groups of 8 at 4d252d8 (benchmarks/
@@ -156,6 +164,23 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // at 100k / 1M against 36.5 / 205 (mapping/api_cases-blocks-{2,3}-NVIDIA_H200-2026-12-04-4d252d8{,-2}.json).
 // Its second order (dual numbers, states in device scratch) and the complex gradient stay in groups: at
 // 20k, thread / groups, real HVP 457 / 127 ms, complex gradient 647 / 53 (the same records' -2 files).
+// Below it the register adjoint's problems take the same scheme in groups of lanes (vjp_plain_lanes_kernel:
+// vjp_voxel_plain with 4 or 8 orders a lane and no sum across the group per event): 8 lanes up to
+// kPlainGroupVoxels, 4 up to kPlainGroupOf4Voxels; the real second order (Dual<float, 1>, which the general
+// groups ran at every size) takes them at every size, 8 lanes up to kPlainSecondOrderOf8Voxels and 4 above.
+// H200, through the API, ms, 13th session (benchmarks/results/mapping/api_cases-NVIDIA_H200-2026-12-05-s13*,
+// two rounds at 2k-20k, one at 50k-200k): first order, groups of 8 / groups of 4 / thread: 2k 3.38-3.56 /
+// 3.68-3.83 / 4.09-4.53, 10k 7.24-7.28 / 7.35-7.53 / 8.01-8.23, 20k 11.3-11.6 (the rule before: 8 lanes to 10k) /
+// 10.3-11.0 / 11.7-12.0, 50k 23.2 / 21.3 / 13.7, 100k 45.9 / 34.1 / 19.6 (the thread's grid fills the card
+// there); second order, groups of 8 / of 4 (the general groups before): 2k 7.67-7.90 / 12.7-12.9 (18.6-18.8),
+// 5k 23.6-23.8 / 20.0-20.5 (39.7), 20k 66.0-66.4 / 59.9-60.5 (111.3), 100k 260 / 216 (362), 200k 491 / 391
+// (669). Groups of 8 win while their launch is about a wave (ptxas, sm_90: the first order's 120 registers
+// keep 4 blocks of 128 a multiprocessor, 8.4k voxels a wave in groups of 8; the second order's 204, 2 blocks,
+// 4.2k voxels), groups of 4 past it, and the first order's thread once its launches fill the card. The
+// rules read a launch's voxels: a call split under the scratch cap takes them per launch.
+constexpr int64_t kPlainGroupVoxels = 10000;
+constexpr int64_t kPlainGroupOf4Voxels = 20000;
+constexpr int64_t kPlainSecondOrderOf8Voxels = 4000;
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
@@ -163,13 +188,13 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
   constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
-  if (register_adjoint<N, S>(pb)) return 1;
+  if (register_adjoint<N, S>(pb)) return V <= kPlainGroupVoxels ? 8 : V <= kPlainGroupOf4Voxels ? 4 : 1;
+  if (plain_group_adjoint<N, S>(pb, 4)) return V <= kPlainSecondOrderOf8Voxels ? 8 : 4;
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
 // Orders a lane holds in an adjoint of `lanes` lanes per voxel (vjp_warp_kernel's KPL).
 inline int adjoint_orders_per_lane(int64_t K, int lanes) { return lanes == 32 ? warp_orders_per_lane(K) : 32 / lanes; }
-
 // Threads an adjoint launches: `lanes` per voxel in blocks of 128 (a warp per voxel: blocks of four voxels),
 // or one per voxel.
 template <class N, class S, class R>
@@ -214,7 +239,8 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
     // Sized by the threads launched (whole blocks of 128), not lanes x V: sized by 32 V, the last lanes'
     // store ran past its end into the table cotangents behind it when V % 4 != 0 (static shims at 13 voxels
     // on the H200: gradients 0.138 off the host).
-    const int64_t per_lane = lane_store_size(pb, adjoint_orders_per_lane(pb.K, lanes));
+    const int64_t per_lane =
+        lane_store_size(pb, adjoint_orders_per_lane(pb.K, lanes), plain_group_adjoint<N, S>(pb, lanes));
     return (int64_t(sizeof(S)) * adjoint_threads<N, S>(pb, V) * per_lane + 255) / 256 * 256;
   }
   const int64_t per_voxel = device_scratch_per_voxel(pb, true, register_adjoint<N, S>(pb), plain_adjoint<N, S>(pb));
