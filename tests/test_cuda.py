@@ -306,7 +306,8 @@ def test_sanitizer_case():
 
 # ---- the adjoints in groups of lanes, against the float64 oracle -----------------------------------------
 # BLOCHSIM_CUDA_MAPPING=lanes8|lanes4 forces the adjoints (VJP; VJP-JVP, the double backward) of pool model 0
-# into groups of 8 or 4 lanes per voxel (vjp_warp_kernel with 4 or 8 orders a lane, 4 or 8 voxels a warp).
+# into groups of 8 or 4 lanes per voxel (vjp_warp_kernel with 4 or 8 orders a lane, 4 or 8 voxels a warp; the
+# real plain layout at 32 orders takes the plain adjoint's scheme in groups, vjp_plain_lanes_kernel).
 # 13 voxels: the last warp holds a voxel or five past the end (padding groups replay the last voxel and must
 # write nothing, nor add to the event gradients); 20 orders: the lanes past order 19 hold no state.
 GROUP_VOXELS = 13

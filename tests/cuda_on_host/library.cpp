@@ -1,0 +1,68 @@
+// The CUDA library's C ABI (blochsim/cuda_abi.inc: the forward, JVP, VJP and VJP-JVP passes, their launch
+// plans and scratch sizes) with its kernels (csrc/cuda/epg_device.cuh), compiled by g++ over cuda_runtime.h
+// beside this file: each launch runs its grid on host threads, one per CUDA thread, over host memory.
+// CUDA_ON_HOST_PASS selects what one object holds (0 the forward pass, 1 the JVP passes, 2 the VJP, 3 the
+// VJP-JVP, 4 the C ABI over them), so the build runs in parallel; tests/test_cuda_on_host.py builds and
+// links the five.
+#include <cstring>
+#include <string_view>
+
+#include "blochsim/launch_plan.hpp"
+#include "epg_device.cuh"
+
+namespace bs {
+struct HostGridLauncher {
+  static constexpr bool kWarpKernels = true;
+  template <class N>
+  using EventGrad = DeviceEventGrad<N>;
+  explicit HostGridLauncher(void*) {}
+  void zero(void* data, size_t bytes) const { std::memset(data, 0, bytes); }
+  // The adjoint kernels declare no shared memory: their blocks run at once; every other kernel's one at a time.
+  template <class Tag>
+  static bool blocks_at_once() {
+    return std::string_view(Tag::name).substr(0, 3) == "vjp";
+  }
+#define BS_KERNEL(tag, kernel, what, params, args)                                                   \
+  template <BS_UNPAREN params, class... A>                                                           \
+  void start(tag<BS_UNPAREN args>, const LaunchShape& shape, const A&... arguments) const {           \
+    cuda_on_host::run_grid(shape.grid, shape.block, blocks_at_once<tag<BS_UNPAREN args>>(),          \
+                           [&] { kernel<BS_UNPAREN args>(arguments...); });                           \
+  }
+#include "blochsim/launch_table.def"
+};
+using CudaLauncher = HostGridLauncher;
+
+// Each pass is instantiated in the object of its PASS and declared in the others.
+#define CUDA_ON_HOST_INSTANCE(pass) CUDA_ON_HOST_INSTANCE_##pass
+#if CUDA_ON_HOST_PASS == 0
+#define CUDA_ON_HOST_INSTANCE_0 template
+#else
+#define CUDA_ON_HOST_INSTANCE_0 extern template
+#endif
+#if CUDA_ON_HOST_PASS == 1
+#define CUDA_ON_HOST_INSTANCE_1 template
+#else
+#define CUDA_ON_HOST_INSTANCE_1 extern template
+#endif
+#if CUDA_ON_HOST_PASS == 2
+#define CUDA_ON_HOST_INSTANCE_2 template
+#else
+#define CUDA_ON_HOST_INSTANCE_2 extern template
+#endif
+#if CUDA_ON_HOST_PASS == 3
+#define CUDA_ON_HOST_INSTANCE_3 template
+#else
+#define CUDA_ON_HOST_INSTANCE_3 extern template
+#endif
+CUDA_ON_HOST_INSTANCE(0) void forward_pass<HostGridLauncher>(const HostGridLauncher&, const bs_epg_forward_args&);
+CUDA_ON_HOST_INSTANCE(1) void jvp_pass<1, HostGridLauncher>(const HostGridLauncher&, const bs_epg_jvp_args&);
+CUDA_ON_HOST_INSTANCE(1) void jvp_pass<2, HostGridLauncher>(const HostGridLauncher&, const bs_epg_jvp_args&);
+CUDA_ON_HOST_INSTANCE(1) void jvp_pass<4, HostGridLauncher>(const HostGridLauncher&, const bs_epg_jvp_args&);
+CUDA_ON_HOST_INSTANCE(1) void jvp_pass<8, HostGridLauncher>(const HostGridLauncher&, const bs_epg_jvp_args&);
+CUDA_ON_HOST_INSTANCE(2) void vjp_pass<HostGridLauncher>(const HostGridLauncher&, const bs_epg_vjp_args&);
+CUDA_ON_HOST_INSTANCE(3) void vjp_jvp_pass<HostGridLauncher>(const HostGridLauncher&, const bs_epg_vjp_jvp_args&);
+}  // namespace bs
+
+#if CUDA_ON_HOST_PASS == 4
+#include "blochsim/cuda_abi.inc"
+#endif

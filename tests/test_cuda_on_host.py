@@ -1,0 +1,323 @@
+"""The CUDA library's kernels, run on the host without a card, against the host library.
+
+tests/cuda_on_host/library.cpp is the CUDA library's C ABI (blochsim/cuda_abi.inc: the forward, JVP, VJP
+and VJP-JVP passes, their launch plans and scratch sizes) over the kernels of csrc/cuda/epg_device.cuh,
+compiled by g++ against a stand-in CUDA runtime (tests/cuda_on_host/cuda_runtime.h: each CUDA thread a host
+thread, a warp's shuffles and ballots meetings of its 32 lanes, __syncthreads a meeting of its block). The
+engine's kernel calls are routed to it as `engine.kernels` routes a card's (its scratch asked of its
+bs_epg_scratch_bytes, filled with 0xff bytes: NaN, as a card's is uninitialised), so every mapping the launch
+rules choose or BLOCHSIM_CUDA_MAPPING forces (a thread, a warp, groups of 4 or 8 lanes per voxel; registers
+or scratch; pool tables; the events decoded once per launch, folded, joined across chunks; shots; staged
+samples) runs its own source through the public API, in CI, where the GPU suite (tests/test_cuda.py) needs a
+card. What only a card can say is nvcc's code (its fused multiply-adds, its scheduling) and the speed.
+
+Both sides run float32 (engine.simulate's default). Tolerance: the kernels are the host's arithmetic here
+(g++ for x86-64 without FMA), but their sums run in another order (warp sums, atomics over voxels, groups'
+totals) and the host library vectorises its own (FMA where the ISA has it): the GPU suite's budget, 1e-5 of
+the largest entry for values, 1e-4 for first and 1e-3 for second derivatives, each result at its own scale.
+
+The library is built once per session (about 80 s on two cores, its five objects in parallel);
+BLOCHSIM_CUDA_ON_HOST_LIBRARY names one built before (`python3 tests/test_cuda_on_host.py build DIR`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import carried_train, column_rel_err, folding_train, rel_max_err, shot_train
+
+from blochsim import engine
+from blochsim.engine import kernels
+from blochsim.sequence import TissueProperties, mrf_description
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SOURCE = HERE / "cuda_on_host" / "library.cpp"
+#: The objects of the library: PASS 0 forward, 1 JVP, 2 VJP, 3 VJP-JVP, 4 the ABI (library.cpp).
+PASSES = range(5)
+
+
+def build(directory: Path, compiler: str = "g++") -> Path:
+    """Compile and link the emulated CUDA library into `directory`; returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    flags = ["-std=c++20", "-O1", "-fPIC", "-pthread", f"-I{SOURCE.parent}", f"-I{ROOT / 'csrc'}",
+             f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'cuda'}",
+             *os.environ.get("BLOCHSIM_CUDA_ON_HOST_CXXFLAGS", "").split()]
+
+    def compile_pass(index: int) -> Path:
+        obj = directory / f"pass{index}.o"
+        done = subprocess.run([compiler, *flags, f"-DCUDA_ON_HOST_PASS={index}", "-c", str(SOURCE), "-o", str(obj)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed on pass {index}:\n{done.stderr[-3000:]}")
+        return obj
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(PASSES), os.cpu_count() or 1))) as pool:
+        objects = list(pool.map(compile_pass, PASSES))
+    library = directory / "libblochsim_cuda_on_host.so"
+    linked = subprocess.run([compiler, "-shared", "-pthread", *map(str, objects), "-o", str(library)],
+                            capture_output=True, text=True)
+    if linked.returncode != 0:
+        raise RuntimeError(linked.stderr[-3000:])
+    return library
+
+
+@pytest.fixture(scope="session")
+def card_library(tmp_path_factory):
+    path = os.environ.get("BLOCHSIM_CUDA_ON_HOST_LIBRARY")
+    if not path:
+        compiler = shutil.which("g++")
+        if compiler is None:
+            pytest.skip("no g++ to build the CUDA library for the host")
+        path = build(tmp_path_factory.mktemp("cuda_on_host"), compiler)
+    lib = ctypes.CDLL(str(path))
+    lib.bs_last_error.restype = ctypes.c_char_p
+    lib.bs_epg_scratch_bytes.restype = ctypes.c_int64
+    return lib
+
+
+@pytest.fixture
+def card(card_library, monkeypatch):
+    """`with card():` runs the engine's kernel calls on the emulated card, else on the host library."""
+    host_call, on = kernels._call, [False]
+
+    def call(st, entry, args):
+        if not (on[0] and entry in kernels._PASSES):
+            return host_call(st, entry, args)
+        need = card_library.bs_epg_scratch_bytes(kernels._PASSES[entry], ctypes.byref(args))
+        assert need >= 0, card_library.bs_last_error().decode()
+        scratch = torch.full((max(int(need), 1),), 0xFF, dtype=torch.uint8)
+        args.scratch, args.scratch_bytes = scratch.data_ptr(), int(need)
+        status = getattr(card_library, entry)(ctypes.byref(args))
+        assert status == 0, card_library.bs_last_error().decode()
+
+    monkeypatch.setattr(kernels, "_call", call)
+
+    @contextlib.contextmanager
+    def running():
+        on[0] = True
+        try:
+            yield
+        finally:
+            on[0] = False
+
+    return running
+
+
+@pytest.fixture(params=("auto", "warp", "thread", "lanes4", "lanes8"))
+def mapping(request, monkeypatch):
+    if request.param != "auto":
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", request.param)
+    return request.param
+
+
+def on_both(card, run):
+    """run() on the host library, then on the emulated card."""
+    host = run()
+    with card():
+        return host, run()
+
+
+# ---- the cases of the GPU suite (tests/test_cuda.py), at fewer voxels ------------------------------------------
+from test_cuda import CASES, POOLS, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
+
+#: Voxels per case: padding groups for groups of lanes and a part of a warp for a thread per voxel (the
+#: register kernel's cases take a whole warp and a part of one: WARP_AND_PART).
+VOXELS, WARP_AND_PART = 9, 37
+#: The derivatives' cases: fewer voxels and events (the adjoints' warp sums are a meeting of 32 host threads
+#: each; a case of the suite at 37 voxels and 40 events takes a minute); FULL=1 runs every case of the GPU suite.
+FULL = os.environ.get("FULL") == "1"
+DERIVATIVE_VOXELS, DERIVATIVE_EVENTS = VOXELS, 16
+DERIVATIVE_CASES = CASES if FULL else [("free", False, 32), ("free", True, 10), ("poolb+mt", False, 40),
+                                       ("mt", True, 10)]
+
+
+@pytest.mark.parametrize("pools,quadratic,states", CASES)
+def test_forward_matches_host(pools, quadratic, states, mapping, card):
+    flips, phases = train(quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    host, emulated = on_both(card, lambda: engine.simulate(d, tissue("cpu", pools, n=VOXELS, b0=quadratic),
+                                                           states=states))
+    assert rel_max_err(emulated, host) < 1e-5
+
+
+@pytest.mark.parametrize("pools,quadratic,states", DERIVATIVE_CASES)
+def test_first_and_second_derivatives_match_host(pools, quadratic, states, mapping, card):
+    """Gradients of sum |signal|^2 along the flips and T1 (VJP), the (T1, T2) Jacobian (JVP) and the
+    gradient of its sum of squares (VJP-JVP, the double backward)."""
+    def run():
+        flips, phases = train(n=DERIVATIVE_EVENTS, quadratic=quadratic)
+        flips = flips.to(torch.float64).requires_grad_()
+        d = mrf_description(flips, 0.01, phases_rad=phases)
+        t = tissue("cpu", pools, n=DERIVATIVE_VOXELS, b0=quadratic)
+        t1 = t.t1_ms.clone().requires_grad_()
+        t = TissueProperties(**{**dict(t.items()), "t1_ms": t1})
+        signal = engine.simulate(d, t, states=states)
+        g_flip, g_t1 = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, t1])
+        _, J = engine.jacobian(d, t, ("t1_ms", "t2_ms"), states=states)
+        h_flip, h_t1 = torch.autograd.grad((J.abs() ** 2).sum(), [flips, t1])
+        return signal, g_flip, g_t1, J, h_flip, h_t1
+
+    host, emulated = on_both(card, run)
+    assert rel_max_err(emulated[0], host[0]) < 1e-5
+    assert rel_max_err(emulated[1], host[1]) < 1e-4 and rel_max_err(emulated[2], host[2]) < 1e-4
+    assert column_rel_err(emulated[3], host[3]) < 1e-4  # per column: dS/dT1 is several times below dS/dT2
+    assert rel_max_err(emulated[4], host[4]) < 1e-3 and rel_max_err(emulated[5], host[5]) < 1e-3
+
+
+@pytest.mark.parametrize("b1", ("map", "one value"))
+@pytest.mark.parametrize("quadratic", (False, True))
+def test_block_decoded_events_match_host(b1, quadratic, mapping, card):
+    """Events decoded 64 at a time (five chunks, the last partial, across the repetitions' seam) with the
+    pulse formed once where B1 (and its phase) is one value for every voxel."""
+    flips, phases = train(n=150, quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+
+    def run():
+        t = tissue("cpu", n=VOXELS, b0=quadratic)
+        extra = {"b1": torch.linspace(0.7, 1.2, VOXELS) if b1 == "map" else torch.tensor(0.85)}
+        if quadratic:
+            extra["b1_phase_rad"] = torch.linspace(-0.3, 0.4, VOXELS) if b1 == "map" else torch.tensor(0.2)
+        return engine.simulate(d, TissueProperties(**{**dict(t.items()), **extra}), states=32, repetitions=2)
+
+    host, emulated = on_both(card, run)
+    assert rel_max_err(emulated, host) < 1e-5
+
+
+@pytest.mark.parametrize("pools", ("free", "poolb+mt"))
+@pytest.mark.parametrize("phased", (False, True))
+def test_folded_events_match_host(pools, phased, mapping, card):
+    """Events that only sample or only shift folded into the one before (conftest.folding_train: 320 events,
+    five chunks), played twice."""
+    d = folding_train(phased=phased)
+    host, emulated = on_both(card, lambda: engine.simulate(d, tissue("cpu", pools, n=VOXELS), states=32,
+                                                           repetitions=2))
+    assert rel_max_err(emulated, host) < 1e-5
+
+
+def test_carried_shifts_and_their_gradients_match_host(mapping, card):
+    """conftest.carried_train (shifts and spoilers carried into the next pass, samples with shifts pending),
+    played twice: the signal, and the gradients of sum |signal|^2 along T1, T2, M0, B1 and the inversion
+    efficiency, each at its own scale."""
+    names = ("t1_ms", "t2_ms", "m0", "b1", "inversion_efficiency")
+    n = DERIVATIVE_VOXELS
+
+    def run():
+        t = tissue("cpu", n=n)
+        leaves = {"t1_ms": t.t1_ms.clone().requires_grad_(), "t2_ms": t.t2_ms.clone().requires_grad_(),
+                  "m0": torch.linspace(0.5, 1.5, n).requires_grad_(),
+                  "b1": torch.linspace(0.8, 1.2, n).requires_grad_(),
+                  "inversion_efficiency": torch.linspace(0.85, 1.0, n).requires_grad_()}
+        signal = engine.simulate(carried_train(blocks=12), TissueProperties(**leaves), states=32, repetitions=2,
+                                 path="real")
+        return signal, torch.autograd.grad((signal.abs() ** 2).sum(), [leaves[k] for k in names])
+
+    (host, host_grads), (emulated, emulated_grads) = on_both(card, run)
+    assert rel_max_err(emulated, host) < 1e-5
+    for name, got, want in zip(names, emulated_grads, host_grads, strict=True):
+        assert rel_max_err(got, want) < 1e-4, name
+
+
+@pytest.mark.parametrize("train_name", ("shots", "staged", "changing TR"))
+def test_the_register_kernel_matches_host(train_name, card, monkeypatch):
+    """The real register kernel (a thread per voxel, 32 orders): shots run without asking the event what it
+    is (conftest.shot_train: shots broken by spoilers, inversions and a pulse without a sample, across
+    chunks), samples staged and written 8 at a time (13 a voxel: a full burst and a partial one; 37 voxels:
+    a whole warp written across it and a part of one written per thread), and an interval's exponentials
+    kept while its length repeats (TRs that repeat, change and come back)."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "thread")
+    if train_name == "shots":
+        d = shot_train()
+    elif train_name == "staged":
+        d = mrf_description(train(n=13)[0], 0.01)
+    else:
+        trs = torch.tensor([10.0, 10, 10, 12, 12, 8, 10, 10, 15, 15, 15, 15] * 2) * 1e-3
+        d = mrf_description(train(n=24)[0], trs, inversion_time_s=0.02)
+    host, emulated = on_both(card, lambda: engine.simulate(d, tissue("cpu", n=WARP_AND_PART), states=32,
+                                                           repetitions=2, path="real"))
+    assert rel_max_err(emulated, host) < 1e-5
+
+
+@pytest.mark.parametrize("n", (1, 31, 33))
+def test_odd_voxel_counts(n, mapping, card):
+    d = mrf_description(train(n=12)[0], 0.01)
+    host, emulated = on_both(card, lambda: engine.simulate(d, tissue("cpu", n=n), states=32))
+    assert emulated.shape == (n, 12)
+    assert rel_max_err(emulated, host) < 1e-5
+
+
+# ---- the real plain adjoint's scheme in groups (vjp_plain_lanes_kernel) and on a thread, every stride ----------
+#: float32 sums of the same terms in another order (per lane, then over the group and the warp's atomics; the
+#: emulation's arithmetic is the host's): first derivatives 1e-5 of each result's largest entry, second 1e-4
+#: (one more chain of products).
+PLAIN_CASES = ([(train, b1, stride) for train in ("carried", "mrf", "spgr") for b1 in ("per_voxel", "shared")
+                for stride in (1, 3, 4, 7, 16)] if FULL else [("mrf", "per_voxel", 4), ("carried", "shared", 4)])
+
+
+def plain_results(train_name: str, b1: str, stride: int) -> dict:
+    """First-order gradients of Re<w, signal> and a Hessian-vector product of sum |signal|^2 along every input
+    of test_engine_lanes' train (32 orders, float32, 21 voxels: padding groups in the last warp)."""
+    from test_engine_lanes import described, inputs
+
+    x = inputs(train_name, b1)
+    leaves = {k: v.float().detach().clone().requires_grad_() for k, v in x.items()}
+    description, tissue_, repetitions = described(train_name, leaves)
+    signal = engine.simulate(description, tissue_, states=32, repetitions=repetitions, dtype=torch.float32,
+                             path="real", checkpoint_stride=stride)
+    g = torch.Generator().manual_seed(6)
+    w = torch.complex(torch.randn(signal.shape, generator=g), torch.randn(signal.shape, generator=g))
+    first = torch.autograd.grad((w.conj() * signal).real.sum(), list(leaves.values()), retain_graph=True)
+    power = (signal.real.square() + signal.imag.square()).sum()
+    gradient = torch.autograd.grad(power, list(leaves.values()), create_graph=True)
+    directions = [torch.randn(d.shape, generator=g) for d in gradient]
+    hvp = torch.autograd.grad(sum((d * v).sum() for d, v in zip(gradient, directions)), list(leaves.values()))
+    return {**{("first", k): v for k, v in zip(leaves, first)}, **{("second", k): v for k, v in zip(leaves, hvp)}}
+
+
+def assert_plain_close(got: dict, want: dict) -> None:
+    for key, value in want.items():
+        tolerance = 1e-4 if key[0] == "second" else 1e-5
+        assert float((got[key] - value).abs().max() / value.abs().max()) < tolerance, key
+
+
+@pytest.mark.parametrize("plain_mapping", ("auto", "lanes4", "thread"))
+@pytest.mark.parametrize(("train_name", "b1", "stride"), PLAIN_CASES)
+def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_name, b1, stride):
+    """The real plain adjoint (vjp_voxel_plain) in groups of 8 (the launch rules' choice at 21 voxels) and of
+    4 lanes a voxel (a shift's neighbour order across a lane boundary, order 0's lane alone writing samples
+    and f0, padding groups kept from writing), and on a thread (registers), at checkpoint strides that cut
+    the trains' stretches differently; the second order runs in groups in each (a thread's registers cannot
+    hold its dual states)."""
+    if plain_mapping != "auto":
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", plain_mapping)
+    host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
+    assert_plain_close(emulated, host)
+
+
+@pytest.mark.skipif(not FULL, reason="FULL=1")
+@pytest.mark.parametrize("case", ("epg_real_grad", "epg_real_hvp"))
+def test_the_benchmark_cases_match_host(card, case):
+    """benchmarks/api_cases.py's real gradient and HVP (500 flips), 3 tissues."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import api_cases
+
+    call = api_cases.case_fn(case, 3, torch.device("cpu"))
+    order = "second" if case.endswith("hvp") else "first"
+    host, emulated = on_both(card, call)
+    assert_plain_close({(order, "flips"): emulated}, {(order, "flips"): host})
+
+
+if __name__ == "__main__":  # python3 tests/test_cuda_on_host.py build DIR
+    if sys.argv[1:2] != ["build"] or len(sys.argv) != 3:
+        sys.exit("usage: python3 tests/test_cuda_on_host.py build DIR")
+    print(build(Path(sys.argv[2])))
