@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Whether tests/test_cuda_on_host.py can fail: for each mutation below (a line of the CUDA kernels undone), build
+# the CUDA library on the host from a copy of HEAD with it applied and run the tests that should catch it; each
+# must fail. Needs the host library (BLOCHSIM_CPU_LIBRARY, or the package installed) and g++ with C++20.
+# Run from the repository root: bash scripts/cuda_on_host_mutations.sh
+set -uo pipefail
+work=${WORK:-/tmp/cuda-on-host-mutations}
+rm -rf "$work" && mkdir -p "$work/tree" && git archive HEAD | tar -x -C "$work/tree"
+status=0
+# file | sed expression | the tests (-k) that must catch it
+while IFS='|' read -r file expr tests; do
+  src=$work/tree/$file
+  cp "$src" "$work/original"
+  sed -i "$expr" "$src"
+  if cmp -s "$work/original" "$src"; then echo "mutation did not apply: $expr"; status=1; continue; fi
+  if ! (cd "$work/tree" && PYTHONPATH=. python3 tests/test_cuda_on_host.py build "$work/lib" >"$work/build.log" 2>&1); then
+    echo "mutation did not build: $expr"; status=1
+  elif (cd "$work/tree" && BLOCHSIM_CUDA_ON_HOST_LIBRARY="$work/lib/libblochsim_cuda_on_host.so" PYTHONPATH=. \
+        python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_on_host.py -k "$tests" >"$work/test.log" 2>&1); then
+    echo "mutation NOT caught: $expr"; status=1
+  else
+    echo "mutation caught: $expr: $(grep -m1 -E "^FAILED" "$work/test.log" | cut -c1-120)"
+  fi
+  cp "$work/original" "$src"
+done <<'MUTATIONS'
+csrc/cuda/epg_device.cuh|s/for (int o = LANES \/ 2; o > 0; o >>= 1)/for (int o = LANES \/ 2; o > 1; o >>= 1)/|derivatives and warp
+csrc/include/blochsim/event_loop.hpp|s/if (!order0) f0 = N(0);  \/\/ another/;  \/\/ another/|plain_adjoint and auto
+csrc/cuda/epg_device.cuh|/vjp_plain_lanes_kernel(const Problem<R> pb_in/,/^}/ s/  eg.active = active;/  eg.active = true;/|plain_adjoint and lanes4
+csrc/cuda/epg_device.cuh|s/for (int q = 0; q < kStaged; ++q, to += step) to\[0\] = from\[q \* kVoxels\];/for (int q = 0; q < kStaged; ++q, to += step) to[0] = from[q];/|register_kernel
+csrc/cuda/epg_device.cuh|s/  if (!folds_into(head.ev, first.ev)) return;/;/|folded_events and auto
+MUTATIONS
+exit $status
