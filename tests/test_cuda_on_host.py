@@ -16,7 +16,7 @@ Both sides run float32 (engine.simulate's default). Tolerance: the kernels are t
 totals) and the host library vectorises its own (FMA where the ISA has it): the GPU suite's budget, 1e-5 of
 the largest entry for values, 1e-4 for first and 1e-3 for second derivatives, each result at its own scale.
 
-The library is built once per session (about 80 s on two cores, its five objects in parallel);
+The library is built once per session (about 90 s on two cores, its five objects in parallel);
 BLOCHSIM_CUDA_ON_HOST_LIBRARY names one built before (`python3 tests/test_cuda_on_host.py build DIR`).
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -88,12 +87,14 @@ def card_library(tmp_path_factory):
 
 @pytest.fixture
 def card(card_library, monkeypatch):
-    """`with card():` runs the engine's kernel calls on the emulated card, else on the host library."""
-    host_call, on = kernels._call, [False]
+    """`with card():` runs the engine's kernel calls on the emulated card, else on the host library; the block
+    fails where none of its calls reached the card (a result then held to itself)."""
+    host_call, on, calls = kernels._call, [False], [0]
 
     def call(st, entry, args):
         if not (on[0] and entry in kernels._PASSES):
             return host_call(st, entry, args)
+        calls[0] += 1
         need = card_library.bs_epg_scratch_bytes(kernels._PASSES[entry], ctypes.byref(args))
         assert need >= 0, card_library.bs_last_error().decode()
         scratch = torch.full((max(int(need), 1),), 0xFF, dtype=torch.uint8)
@@ -105,11 +106,12 @@ def card(card_library, monkeypatch):
 
     @contextlib.contextmanager
     def running():
-        on[0] = True
+        on[0], before = True, calls[0]
         try:
             yield
         finally:
             on[0] = False
+        assert calls[0] > before, "no kernel call reached the emulated card"
 
     return running
 
@@ -129,7 +131,7 @@ def on_both(card, run):
 
 
 # ---- the cases of the GPU suite (tests/test_cuda.py), at fewer voxels ------------------------------------------
-from test_cuda import CASES, POOLS, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
+from test_cuda import CASES, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
 
 #: Voxels per case: padding groups for groups of lanes and a part of a warp for a thread per voxel (the
 #: register kernel's cases take a whole warp and a part of one: WARP_AND_PART).
