@@ -535,3 +535,40 @@ def test_gradgradcheck(path):
     including the derivative w.r.t. the cotangent."""
     fn, inputs = small_problem(path)
     assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("b1", ("map", "one value"))
+def test_a_jacobians_directions_run_in_one_call(path, b1, monkeypatch):
+    """The backward of a Jacobian runs its P directions as one call over P copies of the voxels
+    (engine.kernels.vjp_jvp_directions) where they are along tissue properties: the gradients of sum |J|^2
+    plus sum |signal|^2 along the flips, T1, T2 and B1 (a map, or one value the copies share) equal those of
+    one call per direction, float64 (sums in another order: 1e-12)."""
+    from blochsim.engine import kernels
+
+    original, batched = kernels.vjp_jvp_directions, []
+
+    def spy(*args, **kwargs):
+        batched.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "vjp_jvp_directions", spy)
+
+    def gradients():
+        flips = f64([0.3, 0.7, 0.5, 0.9, 0.4, 0.2]).requires_grad_()
+        t1, t2 = f64([500.0, 900.0, 1400.0]).requires_grad_(), f64([50.0, 90.0, 40.0]).requires_grad_()
+        b1_value = f64([0.9, 1.1, 1.0]) if b1 == "map" else f64([0.95])
+        b1_value.requires_grad_()
+        phases = f64([0.1, -0.4, 0.3, 0.2, 0.0, 0.5]) if path == "complex" else 0.0
+        d = mrf_description(flips, 0.01, phases_rad=phases, inversion_time_s=0.02)
+        tissue = TissueProperties(t1_ms=t1, t2_ms=t2, b1=b1_value)
+        signal, J = jacobian(d, tissue, ("t1_ms", "t2_ms", "b1"), states=8, dtype=torch.float64, path=path)
+        loss = (J.abs() ** 2).sum() + (signal.abs() ** 2).sum()
+        return torch.autograd.grad(loss, [flips, t1, t2, b1_value])
+
+    one_call = gradients()
+    assert batched, "the directions did not run in one call"
+    monkeypatch.setattr(kernels, "directions_in_one_call", lambda *a: False)
+    per_direction = gradients()
+    for name, got, want in zip(("flips", "T1", "T2", "B1"), one_call, per_direction, strict=True):
+        assert rel_max_err(got, want) < 1e-12, name

@@ -288,19 +288,23 @@ class EpgJacobian(torch.autograd.Function):
         else:
             P = grad_jac.shape[0]
             wanted = [a or b for a, b in zip(want_in, want_tan, strict=True)]
-            for p in range(P):
-                direction = [None if t is None else t[p : p + 1] for t in tangents]
-                seed_t = grad_signal if p == 0 else None  # None: a zero cotangent tangent
+            if P > 1 and K.directions_in_one_call(st, inputs, tangents, want_tan):
                 with _execution.applied(ctx.policy):
-                    first, second, _ = K.vjp_jvp(st, inputs, direction, grad_jac[p], seed_t, wanted,
-                                                 signal_tangent=False)
-                for i in range(n):
-                    if want_in[i] and second[i] is not None:
-                        total[i] = second[i] if total[i] is None else total[i] + second[i]
-                    if want_tan[i] and first[i] is not None:
-                        if grad_tangents[i] is None:
-                            grad_tangents[i] = torch.zeros_like(tangents[i])
-                        grad_tangents[i][p] = first[i].reshape(tangents[i].shape[1:])
+                    total = K.vjp_jvp_directions(st, inputs, tangents, grad_jac, grad_signal, wanted)
+            else:
+                for p in range(P):
+                    direction = [None if t is None else t[p : p + 1] for t in tangents]
+                    seed_t = grad_signal if p == 0 else None  # None: a zero cotangent tangent
+                    with _execution.applied(ctx.policy):
+                        first, second, _ = K.vjp_jvp(st, inputs, direction, grad_jac[p], seed_t, wanted,
+                                                     signal_tangent=False)
+                    for i in range(n):
+                        if want_in[i] and second[i] is not None:
+                            total[i] = second[i] if total[i] is None else total[i] + second[i]
+                        if want_tan[i] and first[i] is not None:
+                            if grad_tangents[i] is None:
+                                grad_tangents[i] = torch.zeros_like(tangents[i])
+                            grad_tangents[i][p] = first[i].reshape(tangents[i].shape[1:])
         total = [None if g is None or not w else g.reshape(x.shape) for g, x, w in zip(total, inputs, want_in,
                                                                                      strict=True)]
         routed = _second_order(total + grad_tangents, list(inputs) + list(tangents))

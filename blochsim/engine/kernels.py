@@ -512,3 +512,42 @@ def vjp_jvp(st: Static, inputs, tangents, cotangent, cotangent_tangent, wanted, 
     runner = placed.runner
     return (_fold(inputs, _collect(runner, st, inputs, wanted, full, 0)),
             _fold(inputs, _collect(runner, st, inputs, wanted, full_t, NUM_EVENT_INPUTS)), signal_t)
+
+
+def directions_in_one_call(st: Static, inputs, tangents, want_tangent) -> bool:
+    """Whether vjp_jvp_directions may run a Jacobian's P tangent directions as one call over P copies of the
+    voxels: the directions are along tissue properties only (no event or table tangents), nothing is read by
+    voxel index beyond the tissue arrays (no pool tables, no per-voxel pulses), and no tangent's own
+    gradient is wanted (the public Jacobian's tangents carry none; a call whose do runs a direction a call)."""
+    if st.tabulated or st.field_row is not None or st.profile_row is not None or st.spinor_row is not None:
+        return False
+    if any(x is not None for x in inputs[TABLE_START:]) or any(want_tangent):
+        return False
+    return all(t is None for t in tangents[:NUM_EVENT_INPUTS]) and all(t is None for t in tangents[TABLE_START:])
+
+
+def vjp_jvp_directions(st: Static, inputs, tangents, cotangents: torch.Tensor, cotangent_tangent, wanted) -> list:
+    """The second-order gradients of vjp_jvp summed over P directions (tangents [P, *input.shape] along tissue
+    properties, cotangents [P, V, S]; `cotangent_tangent` [V, S] seeds the first direction, None is zero), as
+    one call over P copies of the voxels (directions_in_one_call says when): a call of P V voxels fills waves
+    of the card that P calls of V voxels each fill a part of (the 2k-tissue Hessian-vector product of a
+    (T1, T2) Jacobian: two launches of half a wave)."""
+    P, V = cotangents.shape[0], st.num_voxels
+
+    def copies(x):  # a per-voxel array [V], once per direction; a shared value stays one
+        return x if x is None or x.numel() != V else x.reshape(V).repeat(P)
+
+    tissue = inputs[NUM_EVENT_INPUTS:TABLE_START]
+    inputs_p = [*inputs[:NUM_EVENT_INPUTS], *(copies(x) for x in tissue), *inputs[TABLE_START:]]
+    tangents_p = [None] * len(tangents)
+    for j, t in enumerate(tangents[NUM_EVENT_INPUTS:TABLE_START], start=NUM_EVENT_INPUTS):
+        if t is not None:  # [P, n] with n = V or 1: direction p's tangent on its copy of the voxels
+            tangents_p[j] = t.reshape(P, -1).expand(P, V).reshape(1, P * V)
+    cot_t = None
+    if cotangent_tangent is not None:
+        cot_t = torch.zeros((P * V, st.num_samples), dtype=cotangent_tangent.dtype, device=cotangent_tangent.device)
+        cot_t[:V] = cotangent_tangent
+    _, second, _ = vjp_jvp(dataclasses.replace(st, num_voxels=P * V), inputs_p, tangents_p,
+                           cotangents.reshape(P * V, st.num_samples), cot_t, wanted, signal_tangent=False)
+    return [g.reshape(P, V).sum(0) if g is not None and y is not x else g
+            for x, y, g in zip(inputs, inputs_p, second, strict=True)]
