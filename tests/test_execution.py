@@ -176,6 +176,8 @@ def test_derivatives_chunked(kind, derivative, entry, calls, monkeypatch):
     the float64 sum of each chunk's own float32 result (the same voxels run as a whole call: the chunks are
     cut at the host's 16-voxel blocks, so each sums the blocks the whole call sums), within `_protocol_bound`
     of the whole call's. Every pass is given 1000 bytes a voxel and 20,000 bytes: chunks of 16 voxels."""
+    if derivative is _jacobian_cost:  # its two columns as two runs of the pass, which the spans below read
+        monkeypatch.setattr(K, "directions_in_one_call", lambda *args: False)
     tissue = _tissue(kind, voxels=83)
     w_flip, w_t1 = derivative(tissue)
     start = len(calls)
@@ -217,6 +219,24 @@ def test_derivatives_chunked(kind, derivative, entry, calls, monkeypatch):
         per_event = per_event + 2.0**-23 * sum(sum(chunks).abs() for chunks in zip(*shares, strict=True))
         bound = per_event @ _event_flips(monkeypatch, tissue).double()
         assert ((c_flip - w_flip).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_jacobian_cost_in_one_call_chunked(kind, calls, monkeypatch):
+    """A Jacobian cost's two columns as one call over two copies of the voxels (kernels.vjp_jvp_directions),
+    chunked in 16-voxel chunks that cut across the copies, against the same call whole: the T1 gradient bitwise
+    (each voxel's copies are summed in the same order), the flip gradient within float32 rounding of the
+    chunks' sums (1e-5 of its largest entry)."""
+    tissue = _tissue(kind, voxels=83)
+    w_flip, w_t1 = _jacobian_cost(tissue)
+    start = len(calls)
+    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
+    with blochsim.execution(budget_bytes=20_000):
+        c_flip, c_t1 = _jacobian_cost(tissue)
+    spans = [n for e, first, n in calls[start:] if e == "bs_epg_vjp_jvp"]
+    assert sum(spans) == 2 * 83 and len(spans) > 6  # (pool tables run a direction a call: 83 twice)
+    assert torch.equal(c_t1, w_t1)
+    assert float((c_flip - w_flip).abs().max() / w_flip.abs().max()) < 1e-5
 
 
 def test_simulator_execution_setting_per_call_and_per_simulator(calls):
