@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) (ms|s)\b")
-CITED = re.compile(r"benchmarks/results/([\w.\-]+\.json)")
+CITED = re.compile(r"benchmarks/results/([\w.\-/]+\.json)")
 
 
 def _paragraphs(text: str) -> list[str]:
