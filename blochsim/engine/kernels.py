@@ -529,7 +529,7 @@ def directions_in_one_call(st: Static, inputs, tangents, want_tangent) -> bool:
 def vjp_jvp_directions(st: Static, inputs, tangents, cotangents: torch.Tensor, cotangent_tangent, wanted) -> list:
     """The second-order gradients of vjp_jvp summed over P directions (tangents [P, *input.shape] along tissue
     properties, cotangents [P, V, S]; `cotangent_tangent` [V, S] seeds the first direction, None is zero), as
-    one call over P copies of the voxels (directions_in_one_call says when): a call of P V voxels fills waves
+    one second-order call over P copies of the voxels (and a first-order one for the seed) (directions_in_one_call says when): a call of P V voxels fills waves
     of the card that P calls of V voxels each fill a part of (the 2k-tissue Hessian-vector product of a
     (T1, T2) Jacobian: two launches of half a wave)."""
     P, V = cotangents.shape[0], st.num_voxels
@@ -543,11 +543,13 @@ def vjp_jvp_directions(st: Static, inputs, tangents, cotangents: torch.Tensor, c
     for j, t in enumerate(tangents[NUM_EVENT_INPUTS:TABLE_START], start=NUM_EVENT_INPUTS):
         if t is not None:  # [P, n] with n = V or 1: direction p's tangent on its copy of the voxels
             tangents_p[j] = t.reshape(P, -1).expand(P, V).reshape(1, P * V)
-    cot_t = None
-    if cotangent_tangent is not None:
-        cot_t = torch.zeros((P * V, st.num_samples), dtype=cotangent_tangent.dtype, device=cotangent_tangent.device)
-        cot_t[:V] = cotangent_tangent
     _, second, _ = vjp_jvp(dataclasses.replace(st, num_voxels=P * V), inputs_p, tangents_p,
-                           cotangents.reshape(P * V, st.num_samples), cot_t, wanted, signal_tangent=False)
-    return [g.reshape(P, V).sum(0) if g is not None and y is not x else g
-            for x, y, g in zip(inputs, inputs_p, second, strict=True)]
+                           cotangents.reshape(P * V, st.num_samples), None, wanted, signal_tangent=False)
+    second = [g.reshape(P, V).sum(0) if g is not None and y is not x else g
+              for x, y, g in zip(inputs, inputs_p, second, strict=True)]
+    if cotangent_tangent is None:
+        return second
+    # The seed enters the VJP-JVP linearly, as the VJP of the inputs along it: one first-order call of V voxels,
+    # where seeding the first copy would take a zeroed [P V, S] cotangent tangent beside the call's own arrays.
+    seeded = vjp(st, inputs, cotangent_tangent, wanted)
+    return [b if a is None else a if b is None else a + b for a, b in zip(second, seeded, strict=True)]
