@@ -168,6 +168,17 @@ def _voxels(tissue: TissueProperties, lo: int, n: int) -> TissueProperties:
                             and v.numel() == tissue.t1_ms.numel()})
 
 
+def _whole_and_chunked(derivative, tissue, entry, calls, monkeypatch) -> tuple:
+    """derivative(tissue) whole, then with every pass given 1000 bytes a voxel and 20,000 bytes (chunks of 16
+    voxels), and the (first T1 address, voxels) of each chunked call of `entry`."""
+    whole = derivative(tissue)
+    start = len(calls)
+    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
+    with blochsim.execution(budget_bytes=20_000):
+        chunked = derivative(tissue)
+    return whole, chunked, [(first, n) for e, first, n in calls[start:] if e == entry]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("derivative", "entry"), [(_first_order, "bs_epg_vjp"), (_hvp, "bs_epg_vjp_jvp"),
                                                    (_jacobian_cost, "bs_epg_vjp_jvp")])
@@ -179,12 +190,7 @@ def test_derivatives_chunked(kind, derivative, entry, calls, monkeypatch):
     if derivative is _jacobian_cost:  # its two columns as two runs of the pass, which the spans below read
         monkeypatch.setattr(K, "directions_in_one_call", lambda *args: False)
     tissue = _tissue(kind, voxels=83)
-    w_flip, w_t1 = derivative(tissue)
-    start = len(calls)
-    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
-    with blochsim.execution(budget_bytes=20_000):
-        c_flip, c_t1 = derivative(tissue)
-    spans = [(first, n) for e, first, n in calls[start:] if e == entry]
+    (w_flip, w_t1), (c_flip, c_t1), spans = _whole_and_chunked(derivative, tissue, entry, calls, monkeypatch)
     assert len(spans) > 4 and all(n == 16 for _, n in spans[:5])
     assert torch.equal(c_t1, w_t1)
     base, ranges, starts = spans[0][0], [], set()
@@ -227,13 +233,9 @@ def test_a_jacobian_cost_in_one_call_chunked(kind, calls, monkeypatch):
     chunked in 16-voxel chunks that cut across the copies, against the same call whole: the T1 gradient bitwise
     (each voxel's copies are summed in the same order), the flip gradient within float32 rounding of the
     chunks' sums (1e-5 of its largest entry)."""
-    tissue = _tissue(kind, voxels=83)
-    w_flip, w_t1 = _jacobian_cost(tissue)
-    start = len(calls)
-    monkeypatch.setattr(K, "_per_voxel_bytes", lambda V, arrays: 1000)
-    with blochsim.execution(budget_bytes=20_000):
-        c_flip, c_t1 = _jacobian_cost(tissue)
-    spans = [n for e, first, n in calls[start:] if e == "bs_epg_vjp_jvp"]
+    (w_flip, w_t1), (c_flip, c_t1), spans = _whole_and_chunked(_jacobian_cost, _tissue(kind, voxels=83),
+                                                                "bs_epg_vjp_jvp", calls, monkeypatch)
+    spans = [n for _, n in spans]
     assert sum(spans) == 2 * 83 and len(spans) > 6  # (pool tables run a direction a call: 83 twice)
     assert torch.equal(c_t1, w_t1)
     assert float((c_flip - w_flip).abs().max() / w_flip.abs().max()) < 1e-5
