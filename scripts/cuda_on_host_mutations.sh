@@ -28,5 +28,6 @@ csrc/include/blochsim/event_loop.hpp|s/if (!order0) f0 = N(0);  \/\/ another/;  
 csrc/cuda/epg_device.cuh|/vjp_plain_lanes_kernel(const Problem<R> pb_in/,/^}/ s/  eg.active = active;/  eg.active = true;/|plain_adjoint and lanes4
 csrc/cuda/epg_device.cuh|s/for (int q = 0; q < kStaged; ++q, to += step) to\[0\] = from\[q \* kVoxels\];/for (int q = 0; q < kStaged; ++q, to += step) to[0] = from[q];/|register_kernel
 csrc/cuda/epg_device.cuh|s/  if (!folds_into(head.ev, first.ev)) return;/;/|folded_events and auto
+csrc/cuda/epg_device.cuh|s/  const int64_t k0 = int64_t(lane) \* KPL;/  const int64_t k0 = int64_t(LANES == 32 ? lane ^ 1 : lane) * KPL;/|plain_adjoint and plain32
 MUTATIONS
 exit $status

@@ -310,9 +310,20 @@ def test_sanitizer_case():
 # real plain layout at 32 orders takes the plain adjoint's scheme in groups, vjp_plain_lanes_kernel).
 # 13 voxels: the last warp holds a voxel or five past the end (padding groups replay the last voxel and must
 # write nothing, nor add to the event gradients); 20 orders: the lanes past order 19 hold no state.
+# BLOCHSIM_CUDA_ADJOINT_LANES=16|32 (the "plain16", "plain32" cases) forces the plain adjoint's scheme into
+# groups of 16 or 32 lanes (2 orders or 1 a lane) where it applies (the real path at 32 orders); elsewhere the
+# rules choose.
 GROUP_VOXELS = 13
 GROUP_CARD = "cuda"  # (the bodies pass on the host with "cpu": the same float32 budget)
 GROUP_EVENTS = ("flips", "tr_s", "phases")
+
+
+def force_group(monkeypatch, group: str) -> None:
+    """Force the adjoints' mapping: BLOCHSIM_CUDA_MAPPING, or for "plainN" BLOCHSIM_CUDA_ADJOINT_LANES=N."""
+    if group.startswith("plain"):
+        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", group[len("plain"):])
+    else:
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
 
 
 def group_inputs(path: str) -> dict:
@@ -354,12 +365,12 @@ def group_cotangent(shape) -> torch.Tensor:
 
 @pytest.mark.parametrize("path", ("real", "complex"))
 @pytest.mark.parametrize("states", (20, 32))
-@pytest.mark.parametrize("group", ("lanes8", "lanes4", "thread"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4", "plain16", "plain32", "thread"))
 def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
     """The VJP in groups of lanes, and a thread per voxel (on the real path the plain step pair, its working
     states in registers at 32 orders and in device scratch at 20): d Re<w, signal> / d (flips, TR, phases, T1,
     T2, B1, M0, B1 phase) at 13 voxels, 20 and 32 orders, against the float64 oracle."""
-    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
+    force_group(monkeypatch, group)
     x = group_inputs(path)
     w = group_cotangent((GROUP_VOXELS, 24))
     got, want = {}, {}
@@ -376,13 +387,13 @@ def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
 
 @pytest.mark.parametrize("path", ("real", "complex"))
 @pytest.mark.parametrize("states", (20, 32))
-@pytest.mark.parametrize("group", ("lanes8", "lanes4", "thread"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4", "plain16", "plain32", "thread"))
 def test_group_second_order_adjoints_match_the_oracle(group, states, path, monkeypatch):
     """The VJP-JVP in groups of lanes, and a thread per voxel (on the real path the plain step pair at dual
     numbers, its states in device scratch): the backward of the VJP, a Hessian-vector product by double
     backward of sum |signal - target|^2, over event values and tissue at once, 13 voxels, 20 and 32 orders
     (the real path's 32 in groups: its dual states fit a group's registers), against the oracle."""
-    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", group)
+    force_group(monkeypatch, group)
     x = group_inputs(path)
     target = 0.1 * group_cotangent((GROUP_VOXELS, 24))
     g = torch.Generator().manual_seed(5)

@@ -6,7 +6,8 @@ compiled by g++ against a stand-in CUDA runtime (tests/cuda_on_host/cuda_runtime
 thread, a warp's shuffles and ballots meetings of its 32 lanes, __syncthreads a meeting of its block). The
 engine's kernel calls are routed to it as `engine.kernels` routes a card's (its scratch asked of its
 bs_epg_scratch_bytes, filled with 0xff bytes: NaN, as a card's is uninitialised), so every mapping the launch
-rules choose or BLOCHSIM_CUDA_MAPPING forces (a thread, a warp, groups of 4 or 8 lanes per voxel; registers
+rules choose or BLOCHSIM_CUDA_MAPPING forces (a thread, a warp, groups of 4 or 8 lanes per voxel, and through
+BLOCHSIM_CUDA_ADJOINT_LANES the plain adjoint's groups of 16 or 32; registers
 or scratch; pool tables; the events decoded once per launch, folded, joined across chunks; shots; staged
 samples) runs its own source through the public API, in CI, where the GPU suite (tests/test_cuda.py) needs a
 card. What only a card can say is nvcc's code (its fused multiply-adds, its scheduling) and the speed.
@@ -292,15 +293,17 @@ def assert_plain_close(got: dict, want: dict) -> None:
         assert float((got[key] - value).abs().max() / value.abs().max()) < tolerance, key
 
 
-@pytest.mark.parametrize("plain_mapping", ("auto", "lanes4", "thread"))
+@pytest.mark.parametrize("plain_mapping", ("auto", "lanes4", "thread", "plain16", "plain32"))
 @pytest.mark.parametrize(("train_name", "b1", "stride"), PLAIN_CASES)
 def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_name, b1, stride):
     """The real plain adjoint (vjp_voxel_plain) in groups of 8 (the launch rules' choice at 21 voxels) and of
-    4 lanes a voxel (a shift's neighbour order across a lane boundary, order 0's lane alone writing samples
-    and f0, padding groups kept from writing), and on a thread (registers), at checkpoint strides that cut
+    4, 16 and 32 lanes a voxel (a shift's neighbour order across a lane boundary, order 0's lane alone writing
+    samples and f0, padding groups kept from writing), and on a thread (registers), at checkpoint strides that cut
     the trains' stretches differently; the second order runs in groups in each (a thread's registers cannot
     hold its dual states)."""
-    if plain_mapping != "auto":
+    if plain_mapping.startswith("plain"):  # groups of 16 or 32 lanes (2 orders or 1 a lane)
+        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", plain_mapping[len("plain"):])
+    elif plain_mapping != "auto":
         monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", plain_mapping)
     host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
     assert_plain_close(emulated, host)

@@ -791,7 +791,7 @@ template <class N, class S, int LANES, class R>
 __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                               DeviceEventGrad<N> eg, GradOut<R> out, S* scratch) {
   static_assert(std::is_same<N, S>::value && Num<N>::P <= 1, "the real plain adjoints (plain_group_adjoint)");
-  static_assert(LANES == 4 || LANES == 8, "groups of 4 or 8 lanes");
+  static_assert(LANES == 4 || LANES == 8 || LANES == 16 || LANES == 32, "groups of 4 to 32 lanes");
   constexpr int KC = 32, KPL = KC / LANES;
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;

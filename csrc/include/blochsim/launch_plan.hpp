@@ -189,6 +189,15 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
   if constexpr (warp_kernels) {
     const int lanes = adjoint_lanes<N, S>(pb, V);
+    if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme, 16 or 32 lanes
+      if ((lanes == 16 || lanes == 32) && plain_group_adjoint<N, S>(pb, lanes)) {
+        if (lanes == 16)
+          launcher.start(AdjointPlainLanes<N, S, 16>(), lanes_shape(V, 16), pb, V, io, eg, out, state_scratch);
+        else
+          launcher.start(AdjointPlainLanes<N, S, 32>(), lanes_shape(V, 32), pb, V, io, eg, out, state_scratch);
+        return;
+      }
+    }
     if (lanes == 8 || lanes == 4) {  // a group per voxel (pool model 0, up to 32 orders: group_adjoint)
       const LaunchShape shape = lanes_shape(V, lanes);
       if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme

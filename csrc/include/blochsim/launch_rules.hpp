@@ -88,6 +88,14 @@ inline int forced_mapping() {
   if (std::strcmp(forced, "lanes4") == 0) return 4;
   return -1;
 }
+// BLOCHSIM_CUDA_ADJOINT_LANES=4|8|16|32 forces the plain group adjoint's lanes per voxel where it applies
+// (plain_group_adjoint), leaving the forwards their own mapping. -1: not forced.
+inline int forced_adjoint_plain_lanes() {
+  const char* forced = std::getenv("BLOCHSIM_CUDA_ADJOINT_LANES");
+  if (!forced) return -1;
+  const int lanes = std::atoi(forced);
+  return lanes == 4 || lanes == 8 || lanes == 16 || lanes == 32 ? lanes : -1;
+}
 
 // Lanes per voxel of a forward or JVP launch: 32, 8, 4, or 1 (a thread per voxel). Groups of 4 or 8 are
 // compiled for the value forward only (N = float: a dual state of 8 orders per lane would spill).
@@ -140,7 +148,9 @@ inline bool group_adjoint(const Problem<R>& pb) {
 // which took the general groups at every size: their states fit a group's registers, as a thread's do not).
 template <class N, class S, class R>
 inline bool plain_group_adjoint(const Problem<R>& pb, int lanes) {
-  return (lanes == 4 || lanes == 8) && pb.K == 32 && plain_adjoint<N, S>(pb);
+  // 32 lanes (one order a lane) only where BLOCHSIM_CUDA_ADJOINT_LANES asks: a forced warp keeps the general one.
+  const bool compiled = lanes == 4 || lanes == 8 || lanes == 16 || (lanes == 32 && forced_adjoint_plain_lanes() == 32);
+  return compiled && pb.K == 32 && plain_adjoint<N, S>(pb);
 }
 // Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
 // 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
@@ -184,6 +194,8 @@ constexpr int64_t kPlainSecondOrderOf8Voxels = 4000;
 template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
+  const int plain_lanes = forced_adjoint_plain_lanes();
+  if (plain_lanes > 0 && plain_group_adjoint<N, S>(pb, plain_lanes)) return plain_lanes;
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
