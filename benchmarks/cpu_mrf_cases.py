@@ -114,11 +114,15 @@ def worker(threads: int, dtype: str = "float32") -> None:
 class Variant:
     """A worker process running the cases on one kernel library (None: the one blochsim finds)."""
 
-    def __init__(self, library: str | None, threads: int, dtype: str = "float32"):
+    def __init__(self, library: str | None, threads: int, dtype: str = "float32", setting: str | None = None):
         env = {**os.environ, "BLOCHSIM_NUM_THREADS": str(threads)}
         if library:
             env["BLOCHSIM_CPU_LIBRARY"] = str(Path(library).resolve())
         self.name = library or "default"
+        if setting:  # NAME=VALUE in the worker's environment (--with-env)
+            key, _, value = setting.partition("=")
+            env[key] = value
+            self.name += f" {setting}"
         command = [sys.executable, __file__, "--worker", "--threads", str(threads), "--dtype", dtype]
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()
@@ -160,6 +164,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu"], help="the host only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--library", action="append", help="a kernel build to time (repeat to alternate builds)")
+    parser.add_argument("--with-env", action="append", metavar="NAME=VALUE",
+                        help="one more variant: the first library with NAME=VALUE in its worker's environment "
+                             "(repeatable), e.g. THP_MEM_ALLOC_ENABLE=1 (torch's host tensors on huge pages)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="the cases' precision (the incumbent's times are float32's)")
@@ -175,6 +182,8 @@ def main() -> None:
     cases = [c for c in CASES if not args.cases or c[0] in args.cases] + [
         (name, int(n)) for name, _, n in (c.partition(":") for c in args.cases or []) if n]
     variants = [Variant(lib, args.threads, args.dtype) for lib in (args.library or [None])]
+    variants += [Variant((args.library or [None])[0], args.threads, args.dtype, setting)
+                 for setting in args.with_env or []]
     record = {"task": "cpu_mrf_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine_name(threads=args.threads), "platform": platform.platform(), "cpu_flags": cpu_flags(),
               "BLOCHSIM_HOST_ISA": os.environ.get("BLOCHSIM_HOST_ISA"), "threads": args.threads, "dtype": args.dtype,
