@@ -272,6 +272,9 @@ class EpgJacobian(torch.autograd.Function):
         ctx.static, ctx.n = inputs[0], inputs[1]
         ctx.policy = _execution.active()
         ctx.save_for_backward(*inputs[2:])
+        # An output the loss does not use comes back as None, not zeros: a zero cotangent of the signal
+        # beside J's would cost the directions in one call a first-order VJP of its own (vjp_jvp_directions).
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, grad_signal, grad_jac):
@@ -282,6 +285,8 @@ class EpgJacobian(torch.autograd.Function):
         want_tan = list(ctx.needs_input_grad[2 + n :])
         total = [None] * n
         grad_tangents = [None] * n
+        if grad_jac is None and grad_signal is None:
+            return (None, None, *[None] * (2 * n))
         if grad_jac is None:
             with _execution.applied(ctx.policy):
                 total = K.vjp(st, inputs, grad_signal, want_in)
