@@ -719,6 +719,24 @@ struct LanesTotal {
   }
 };
 
+// A group's tissue gradients of voxel v: each lane's share summed over the group's LANES lanes, written by
+// `writer` (the group's first lane, where the group holds a voxel). Every lane calls it (the sums shuffle).
+template <int LANES, class N, class R>
+__device__ __forceinline__ void write_group_tissue_gradients(const VoxelGrad<N>& g, const Voxel<N>& t,
+                                                             const GradOut<R>& out, int64_t v, bool writer) {
+  N per_param[BS_NUM_TISSUE];
+  tissue_gradients(g, t, per_param);
+  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
+    if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
+    const N total = LanesTotal<LANES>{}(per_param[j]);
+    if (!writer) continue;
+    if (out.tissue[j]) out.tissue[j][v] = value_of(total);
+    if constexpr (Num<N>::P > 0) {
+      if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
+    }
+  }
+}
+
 // The complex adjoint a voxel a warp (one order a lane, pool model 0) is held to the 128 registers and four
 // blocks a multiprocessor it was measured at: its rotation adjoint from nine sums over the orders (epg.hpp)
 // asked ptxas for 149 (three blocks), and fits 128 without spilling. 0: no minimum, ptxas's own choice (as
@@ -759,18 +777,8 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
   vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
                   WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
-  N per_param[BS_NUM_TISSUE];
-  tissue_gradients(g, t, per_param);
   const bool writer = lane == 0 && active;
-  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
-    if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
-    const N total = LanesTotal<LANES>{}(per_param[j]);
-    if (!writer) continue;
-    if (out.tissue[j]) out.tissue[j][v] = value_of(total);
-    if constexpr (Num<N>::P > 0) {
-      if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
-    }
-  }
+  write_group_tissue_gradients<LANES>(g, t, out, v, writer);
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);
 }
 
@@ -812,18 +820,8 @@ __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> p
   vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
                         state_at(pb, states, 2, k0), store, io, g, eg, WarpShift{lane, KC, LANES, active},
                         WarpShiftAdjoint{lane, KC, LANES});
-  N per_param[BS_NUM_TISSUE];
-  tissue_gradients(g, t, per_param);
   const bool writer = lane == 0 && active;
-  for (int j = 0; j < BS_NUM_TISSUE; ++j) {
-    if (!out.tissue[j] && !out.tissue_tan[j]) continue;  // the same on every lane
-    const N total = LanesTotal<LANES>{}(per_param[j]);
-    if (!writer) continue;
-    if (out.tissue[j]) out.tissue[j][v] = value_of(total);
-    if constexpr (Num<N>::P > 0) {
-      if (out.tissue_tan[j]) out.tissue_tan[j][v] = total.d[0];
-    }
-  }
+  write_group_tissue_gradients<LANES>(g, t, out, v, writer);
 }
 
 }  // namespace bs
