@@ -143,6 +143,7 @@ def main() -> None:
     cases = select_cases(list(INCUMBENT_MS), args.cases, args.n, args.quick)
     if args.scratch_mib:
         _execution.DEFAULT_SCRATCH_BYTES = _execution.SECOND_ORDER_SCRATCH_BYTES = args.scratch_mib * 2**20
+        _execution.SECOND_ORDER_WAVE_SCRATCH_BYTES = args.scratch_mib * 2**20
     device = torch.device(args.device)
     big = args.big if args.big is not None else (device.type == "cuda" and not (args.quick or args.cases or args.n))
     if big:
@@ -153,7 +154,9 @@ def main() -> None:
     record = {"task": "api_cases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": card, "torch": torch.__version__, "budget_mib": args.budget_mib,
               "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20,
-              "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20, "stride": args.stride,
+              "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20,
+              "second_order_wave_scratch_mib": _execution.SECOND_ORDER_WAVE_SCRATCH_BYTES / 2**20,
+              "stride": args.stride,
               "results": []}
     print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'x fwd':>7}{'inc ms':>9}{'ratio':>7}"
           f"{'peak MiB':>10}{'inc MiB':>9}{'ratio':>7}")

@@ -23,7 +23,8 @@ import torch
 from ._errors import check_device
 
 __all__ = ["ExecutionPolicy", "execution", "offload", "distribute", "active", "applied", "as_policy",
-           "DEFAULT_SCRATCH_BYTES", "SECOND_ORDER_SCRATCH_BYTES", "default_scratch_bytes", "cuda_free_bytes"]
+           "DEFAULT_SCRATCH_BYTES", "SECOND_ORDER_SCRATCH_BYTES", "SECOND_ORDER_WAVE_SCRATCH_BYTES",
+           "default_scratch_bytes", "cuda_free_bytes"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
 #: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
@@ -33,6 +34,17 @@ __all__ = ["ExecutionPolicy", "execution", "offload", "distribute", "active", "a
 #: 406 at 128, against 383) and runs in at most 0.5 of its time (pooled5_grad 2k: 0.38 at 128, 0.52 at 96).
 DEFAULT_SCRATCH_BYTES = 128 * 2**20
 SECOND_ORDER_SCRATCH_BYTES = 96 * 2**20
+#: The second-order pass without pool tables may hold a wave of its launch: the real plain groups of 8 keep
+#: 4,224 voxels resident (204 registers, two blocks of 128 a multiprocessor, 132 multiprocessors), at about
+#: 60 KB of store a voxel (32 orders, dual states, a slot per pass of a stretch). At 96 MiB a Jacobian's two
+#: directions at 2k tissues (4,000 voxel copies in one call) ran as two half-wave launches. H100, api_cases,
+#: alternated (benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-05-s14g-*), ms and peak
+#: MiB at 256 / at 96: real HVP 2k 5.97-6.19 (190) / 8.88-9.56 (116), 5k 15.5-15.7 (285) / 21.7-21.9 (173),
+#: 20k 43.6-43.8 (631) / 51.0-51.5 (611); complex HVP 2k 27.3-27.5 (280) / 37.2-37.3 (130), 5k 64.0-64.8
+#: (337) / 83.8-84.6 (187; the incumbent's peak 410), 20k 259-260 (622) / 364-365 (611); real HVP 200k
+#: 393 / 394 (6,109 both). Pool tables keep 96 MiB (pooledb_hvp 20k peaked at 406 MiB with 128, the
+#: incumbent's 383).
+SECOND_ORDER_WAVE_SCRATCH_BYTES = 256 * 2**20
 
 
 def default_scratch_bytes(entry: str, held_bytes: int = 0, *, pool_tables: bool = False) -> int:
@@ -54,7 +66,7 @@ def default_scratch_bytes(entry: str, held_bytes: int = 0, *, pool_tables: bool 
     if entry == "bs_epg_vjp":
         return max(DEFAULT_SCRATCH_BYTES, (1 if pool_tables else 2) * int(held_bytes))
     if entry == "bs_epg_vjp_jvp":
-        return max(SECOND_ORDER_SCRATCH_BYTES, int(held_bytes))
+        return max(SECOND_ORDER_SCRATCH_BYTES if pool_tables else SECOND_ORDER_WAVE_SCRATCH_BYTES, int(held_bytes))
     return DEFAULT_SCRATCH_BYTES
 
 
