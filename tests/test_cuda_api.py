@@ -127,8 +127,8 @@ def test_a_large_real_gradient_on_the_card_matches_the_host():
     """MRFSimulator with 12,000 tissues, its flips and maps created on the card: the real path's first-order
     adjoint runs the plain scheme in groups of 4 lanes a voxel at this size, its states in registers
     (csrc/include/blochsim/launch_rules.hpp adjoint_lanes; a thread per voxel past 20,000 voxels a launch,
-    which tests/test_cuda.py forces at 13). The flip and T1 gradients of sum |signal|^2, each held to its own scale, against
-    the same call on the host (float32 kernels both sides: 1e-4 of the largest entry, the module's first
+    which tests/test_cuda.py forces at 13). The flip and T1 gradients of sum |signal|^2, each held to its own
+    scale, against the same call on the host (float32 kernels both sides: 1e-4 of the largest entry, the module's first
     derivatives; the flip gradient is a sum over the 12,000 voxels in another order)."""
     from conftest import rel_max_err
 

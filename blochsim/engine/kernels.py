@@ -529,9 +529,9 @@ def directions_in_one_call(st: Static, inputs, tangents, want_tangent) -> bool:
 def vjp_jvp_directions(st: Static, inputs, tangents, cotangents: torch.Tensor, cotangent_tangent, wanted) -> list:
     """The second-order gradients of vjp_jvp summed over P directions (tangents [P, *input.shape] along tissue
     properties, cotangents [P, V, S]; `cotangent_tangent` [V, S] seeds the first direction, None is zero), as
-    one second-order call over P copies of the voxels (and a first-order one for the seed) (directions_in_one_call says when): a call of P V voxels fills waves
-    of the card that P calls of V voxels each fill a part of (the 2k-tissue Hessian-vector product of a
-    (T1, T2) Jacobian: two launches of half a wave)."""
+    one second-order call over P copies of the voxels, and a first-order one for a seed (directions_in_one_call
+    says when): a call of P V voxels fills waves of the card that P calls of V voxels each fill a part of (the
+    2k-tissue Hessian-vector product of a (T1, T2) Jacobian: two launches of half a wave)."""
     P, V = cotangents.shape[0], st.num_voxels
 
     def copies(x):  # a per-voxel array [V], once per direction; a shared value stays one
