@@ -65,8 +65,9 @@ CASES = [(pools, quadratic, states) for pools in POOLS for quadratic in (False, 
 # thread per voxel, and the value forward and the pool-model-0 adjoints (up to 32 orders) a group of 4 or 8
 # lanes per voxel (launch_rules.hpp forward_lanes, adjoint_lanes); all are held to the host. The pool layouts
 # here have their pool counts compiled (launch_rules.hpp with_fixed_pools: mt (1, 2), poolb (2, 2), poolb+mt
-# (2, 3), five (4, 5)) in groups of 4 and the warp's float adjoint at up to 32 orders; groups of 8, the
-# 32-lane forward and 40 orders take the run-time pool counts.
+# (2, 3), five (4, 5)) in groups of 4 and, a warp per voxel at up to 32 orders, the float adjoint, the second
+# order's adjoint and the JVPs of one or two tangents (fixed_pool_warp); groups of 8, the 32-lane value forward
+# and 40 orders take the run-time pool counts.
 MAPPINGS = ("warp", "thread", "lanes4", "lanes8")
 
 
@@ -287,6 +288,8 @@ def test_sanitizer_case():
                 test_forward_matches_host(pools, True, 10, mapping)
                 if mapping in ("warp", "thread"):  # groups of lanes: the value forward, and the adjoints below
                     test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
+            if mapping == "warp":  # the real fixed-pool second order (a semisolid pool: its saturation table)
+                test_first_and_second_derivatives_match_host("poolb+mt", False, 10, mapping)
             if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
                 with pytest.MonkeyPatch.context() as patch:
                     test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)

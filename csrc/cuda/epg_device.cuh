@@ -65,6 +65,7 @@ struct DeviceEventGrad {
   R* out[4];      // dt [E], flip [E], phase [E], dt_wrap [1]
   R* out_tan[4];  // the same, tangents (second-order adjoint), or null
   bool active;    // false for the padding threads (or groups of lanes) of the last warp
+  bool voxel_warp = false;  // a warp per voxel (vjp_warp_kernel's 32 lanes), else a thread per voxel (add_table)
   __device__ void add(int kind, int64_t e, const N& x) const {
     // Gradients not asked for cost no reduction (the same on every lane: the warp skips it together).
     bool wanted = out[kind] != nullptr;
@@ -77,6 +78,16 @@ struct DeviceEventGrad {
     if constexpr (Num<N>::P > 0) {
       if (out_tan[kind]) atomicAdd(out_tan[kind] + i, y.d[0]);
     }
+  }
+  // x, a lane's share of r[j], a table cotangent held once a voxel (table_grad_at: the saturation table's):
+  // a warp per voxel sums its lanes' shares and its first lane adds them; a thread per voxel adds its own.
+  __device__ void add_table(Ref<N> r, int64_t j, const N& x) const {
+    if (!voxel_warp) {
+      r[j] += x;
+      return;
+    }
+    const N y = warp_sum(x);
+    if ((threadIdx.x & 31) == 0 && active) r[j] += y;
   }
 };
 
@@ -708,8 +719,9 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
 // work, relaxation factors and rotation, is shared by them where a warp per voxel repeats it on 32 lanes
 // for one). Each lane runs the checkpointed adjoint on its orders (its work states in registers, or for
 // the tabulated layouts in its local array; its checkpoints, replay buffer and table cotangents interleaved
-// in device scratch by lane), the event-value gradients are summed over the warp by DeviceEventGrad, the
-// tissue and table gradients over the voxel's lanes here. Groups past the last voxel replay it and write
+// in device scratch by lane, but the saturation table's, summed over the warp as each event forms it and
+// held once a voxel: DeviceEventGrad add_table), the event-value gradients are summed over the warp by
+// DeviceEventGrad, the tissue and table gradients over the voxel's lanes here. Groups past the last voxel replay it and write
 // nothing (every lane of a warp takes part in its shuffles); whole warps past it return.
 template <int LANES>
 struct LanesTotal {
@@ -767,13 +779,15 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   apply_layout<LAYOUT>(pb);
   const int64_t K = pb_in.K;
   eg.active = active;
+  eg.voxel_warp = LANES == 32;
   io.base = v * pb.S;
   if (!active) io.signal = io.signal_tan = nullptr;
   const Voxel<N> t = load_voxel<N>(pb, v);
   S work[3 * layout_planes(LAYOUT) * KPL];
   VoxelGrad<N> g;
   const bool tables = TAB || table_cotangents(pb);  // pool tables, or per-voxel pulses (pulses.hpp)
-  const TableGrad<N> tg = tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads()) : TableGrad<N>{};
+  const TableGrad<N> tg =
+      tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
   vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
                   WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);

@@ -19,12 +19,23 @@ extern template void launch_forward_pools<float, DeviceLauncher>(const DeviceLau
                                                                  int64_t, const SampleIO<float>&);
 extern template void launch_forward_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
                                                                      int64_t, const SampleIO<float>&);
-extern template void launch_vjp_pools<float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
-                                                             const SampleIO<float>&, const DeviceEventGrad<float>&,
-                                                             const GradOut<float>&, float*, float*);
-extern template void launch_vjp_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                 int64_t, const SampleIO<float>&,
-                                                                 const DeviceEventGrad<float>&, const GradOut<float>&,
-                                                                 Cx<float>*, float*);
+extern template void launch_vjp_pools<float, float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                    int64_t, const SampleIO<float>&,
+                                                                    const DeviceEventGrad<float>&,
+                                                                    const GradOut<float>&, float*, float*);
+extern template void launch_vjp_pools<float, Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                        int64_t, const SampleIO<float>&,
+                                                                        const DeviceEventGrad<float>&,
+                                                                        const GradOut<float>&, Cx<float>*, float*);
+// pools_dual.cu: the second order's (the VJP along one tangent) with pool counts fixed at compile time.
+using Dual1 = Dual<float, 1>;
+extern template void launch_vjp_pools<Dual1, Dual1, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                    int64_t, const SampleIO<Dual1>&,
+                                                                    const DeviceEventGrad<Dual1>&,
+                                                                    const GradOut<float>&, Dual1*, Dual1*);
+extern template void launch_vjp_pools<Dual1, Cx<Dual1>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
+                                                                        int64_t, const SampleIO<Dual1>&,
+                                                                        const DeviceEventGrad<Dual1>&,
+                                                                        const GradOut<float>&, Cx<Dual1>*, Dual1*);
 
 }  // namespace bs

@@ -66,6 +66,8 @@ struct EventGrad {
     else
       acc[kind * E + e] += x;
   }
+  // x, the voxel's share of its table cotangent r[j] held once a voxel (table_grad_at: the saturation table).
+  BS_HD void add_table(Ref<N> r, int64_t j, const N& x) const { r[j] += x; }
 };
 
 // Interval row of event (global index i): its own, or the wrap interval on later repetitions.
@@ -539,7 +541,11 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const Transmit<N> tx = transmit_of(pb, v, t, ev.e);
     const N alpha = ev.flip * tx.b1, phi = ev.phase + tx.b1phase;
     N g_alpha = N(0), g_phi = N(0);
-    if (l.nl > l.nt) saturate_adjoint(l, tmp, alpha, fetch_table<N>(pb.table_sat, v, ev.e), g_alpha, tg.sat[ev.e]);
+    if (l.nl > l.nt) {
+      N g_sat = N(0);
+      saturate_adjoint(l, tmp, alpha, fetch_table<N>(pb.table_sat, v, ev.e), g_alpha, g_sat);
+      eg.add_table(tg.sat, ev.e, g_sat);
+    }
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
     } else {
@@ -875,7 +881,7 @@ BS_HD void table_sizes(const Problem<R>& pb, int64_t sizes[kTableCount]) {
   sizes[1] = D * nl;
   sizes[2] = 2 * D * nt * nt;
   sizes[3] = pb.tabulated ? nl : 0;
-  sizes[4] = pb.tabulated ? pb.E : 0;
+  sizes[4] = pb.tabulated && pb.nl > pb.nt ? pb.E : 0;  // sat: a semisolid pool's
   sizes[5] = pb.field_row ? 2 * pb.num_field_rows : 0;
   sizes[6] = pb.spinor_row ? 4 * pb.num_spinor_rows : 0;
   sizes[7] = 0;
@@ -895,24 +901,45 @@ struct GradOut {
   R* table_tan[kTableCount];
 };
 
-// A voxel's (or a warp lane's) table cotangents in `scratch`, zeroed: the five tables one after another
-// (table_sizes), `st` apart (the device interleaves its threads: lane = the thread, st = threads launched).
+// Table cotangent scratch, in N, of `threads` threads holding `lanes` lanes a voxel (1: a thread per voxel,
+// or the host's voxel): each thread's share of every table but the saturation table, interleaved by thread,
+// then the saturation table once a voxel, interleaved by voxel: its event's cotangent is summed over the
+// voxel's lanes where it is formed (EventGrad add_table; each event is stepped once a backward sweep), so a
+// lane needs no copy of it (a warp per voxel kept 32: 38 KB a voxel of a 301-event train in float).
+template <class R>
+BS_HD int64_t table_scratch_size(const Problem<R>& pb, int64_t threads, int lanes) {
+  int64_t sizes[kTableCount];
+  table_sizes(pb, sizes);
+  int64_t per_thread = 0;
+  for (int i = 0; i < kTableCount; ++i) per_thread += i == kSatTable ? 0 : sizes[i];
+  return threads * per_thread + threads / lanes * sizes[kSatTable];
+}
+
+// Thread `thread`'s table cotangents in `scratch` (of `threads` threads, `lanes` a voxel: the device
+// interleaves them; the host's voxel is thread 0 of 1), laid out as table_scratch_size counts, zeroed: the
+// saturation table by the voxel's first lane, which alone adds to it (add_table) and writes it.
 template <class N, class R>
-BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N* scratch, int64_t lane, int64_t st) {
+BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N* scratch, int64_t thread,
+                                 int64_t threads, int lanes = 1) {
   int64_t sizes[kTableCount];
   table_sizes(pb, sizes);
   N* region[kTableCount];
   int64_t off = 0;
   for (int i = 0; i < kTableCount; ++i) {
-    region[i] = scratch + st * off;
+    if (i == kSatTable) continue;
+    region[i] = scratch + threads * off;
     off += sizes[i];
   }
-  TableGrad<N> tg{Ref<N>{region[0] + lane, st}, Ref<N>{region[1] + lane, st},
-                  Ref<Cx<N>>{reinterpret_cast<Cx<N>*>(region[2]) + lane, st}, Ref<N>{region[3] + lane, st},
-                  Ref<N>{region[4] + lane, st}, Ref<N>{region[5] + lane, st}, Ref<N>{region[6] + lane, st}};
+  region[kSatTable] = scratch + threads * off;
+  const int64_t st = threads;
+  TableGrad<N> tg{Ref<N>{region[0] + thread, st}, Ref<N>{region[1] + thread, st},
+                  Ref<Cx<N>>{reinterpret_cast<Cx<N>*>(region[2]) + thread, st}, Ref<N>{region[3] + thread, st},
+                  Ref<N>{region[4] + thread / lanes, threads / lanes}, Ref<N>{region[5] + thread, st},
+                  Ref<N>{region[6] + thread, st}};
   for (int i = 0; i < 5; ++i) tg.wanted = tg.wanted || out.table[i] || out.table_tan[i];  // the pool tables'
+  const bool holder = thread % lanes == 0;
   const Ref<N> plain[6] = {tg.L, tg.r, tg.zeq, tg.sat, tg.field, tg.spinor};
-  const int64_t count[6] = {sizes[0], sizes[1], sizes[3], sizes[4], sizes[5], sizes[6]};
+  const int64_t count[6] = {sizes[0], sizes[1], sizes[3], holder ? sizes[4] : 0, sizes[5], sizes[6]};
   for (int i = 0; i < 6; ++i)
     for (int64_t j = 0; j < count[i]; ++j) plain[i][j] = N(0);
   for (int64_t j = 0; j < sizes[2] / 2; ++j) tg.T[j] = Cx<N>();
@@ -920,7 +947,8 @@ BS_HD TableGrad<N> table_grad_at(const Problem<R>& pb, const GradOut<R>& out, N*
 }
 
 // Write voxel v's table cotangents where asked: `total` sums a number over whatever holds shares of it (a
-// warp's lanes; the identity on the host) and is called alike everywhere; `writer` writes.
+// warp's lanes; the identity on the host) and is called alike everywhere; `writer` writes (on a card the
+// voxel's first lane, which holds the saturation table's sums: add_table).
 template <class N, class R, class Total>
 BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>& tg, const GradOut<R>& out,
                              const Total& total, bool writer) {
@@ -944,7 +972,7 @@ BS_HD void write_table_grads(const Problem<R>& pb, int64_t v, const TableGrad<N>
       }
       continue;
     }
-    for (int64_t j = 0; j < sizes[i]; ++j) put(i, j, total(plain[i][j]));
+    for (int64_t j = 0; j < sizes[i]; ++j) put(i, j, i == kSatTable ? plain[i][j] : total(plain[i][j]));
   }
 }
 

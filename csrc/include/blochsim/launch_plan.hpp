@@ -82,6 +82,24 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
       return;
     }
   }
+  if constexpr (std::is_same<N, S>::value && (std::is_same<N, Dual<float, 1>>::value ||
+                                              std::is_same<N, Dual<float, 2>>::value)) {
+    if (lanes == 4 || lanes == 8) {  // a real plain JVP in groups (launch_rules.hpp jvp_groups)
+      if (lanes == 4)
+        launcher.start(ForwardLanes<N, S, 8, kPlain, 4>(), shape, pb, V, io);
+      else
+        launcher.start(ForwardLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io);
+      return;
+    }
+  }
+  if constexpr (std::is_same<N, Dual<float, 1>>::value || std::is_same<N, Dual<float, 2>>::value) {
+    if (fixed_pool_warp<N>(pb)) {  // a JVP of one or two tangents, its pool counts compiled (up to 32 orders)
+      with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
+        launcher.start(ForwardLanes<N, S, 1, decltype(layout)::value, 32>(), shape, pb, V, io);
+      });
+      return;
+    }
+  }
   if (pb.tabulated) {
     if (two)
       launcher.start(ForwardLanes<N, S, 2, kTables, 32>(), shape, pb, V, io);
@@ -144,16 +162,18 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
 }
 
 // ---- adjoints (VJP, VJP-JVP) ----------------------------------------------------------------------------
-// The float adjoint with the pool counts fixed at compile time, a warp per voxel (csrc/cuda/pools.cu).
-template <class S, class Launcher>
-void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<float>& io,
-                      const typename Launcher::template EventGrad<float>& eg, const GradOut<float>& out, S* scratch,
-                      float* table_scratch) {
+// The adjoint with the pool counts fixed at compile time, a warp per voxel (launch_rules.hpp
+// fixed_pool_warp: the first order, N = float, and the second, N = Dual<float, 1>; csrc/cuda/pools.cu and
+// pools_dual.cu).
+template <class N, class S, class Launcher>
+void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<N>& io,
+                      const typename Launcher::template EventGrad<N>& eg, const GradOut<float>& out, S* scratch,
+                      N* table_scratch) {
   const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
-    launcher.start(AdjointLanes<float, S, 1, decltype(layout)::value, 32>(), lanes_shape(V, 32), pb, V, io, eg,
+    launcher.start(AdjointLanes<N, S, 1, decltype(layout)::value, 32>(), lanes_shape(V, 32), pb, V, io, eg,
                    out, scratch, table_scratch);
   });
-  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pools decides first
+  if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pool_warp decides first
 }
 
 template <class N, class S, class Launcher, class R>
@@ -189,26 +209,22 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
   if constexpr (warp_kernels) {
     const int lanes = adjoint_lanes<N, S>(pb, V);
-    if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme, 16 or 32 lanes
-      if ((lanes == 16 || lanes == 32) && plain_group_adjoint<N, S>(pb, lanes)) {
-        if (lanes == 16)
-          launcher.start(AdjointPlainLanes<N, S, 16>(), lanes_shape(V, 16), pb, V, io, eg, out, state_scratch);
+    if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme, 4 to 32 lanes
+      if (plain_group_adjoint<N, S>(pb, lanes)) {
+        const LaunchShape shape = lanes_shape(V, lanes);
+        if (lanes == 4)
+          launcher.start(AdjointPlainLanes<N, S, 4>(), shape, pb, V, io, eg, out, state_scratch);
+        else if (lanes == 8)
+          launcher.start(AdjointPlainLanes<N, S, 8>(), shape, pb, V, io, eg, out, state_scratch);
+        else if (lanes == 16)
+          launcher.start(AdjointPlainLanes<N, S, 16>(), shape, pb, V, io, eg, out, state_scratch);
         else
-          launcher.start(AdjointPlainLanes<N, S, 32>(), lanes_shape(V, 32), pb, V, io, eg, out, state_scratch);
+          launcher.start(AdjointPlainLanes<N, S, 32>(), shape, pb, V, io, eg, out, state_scratch);
         return;
       }
     }
-    if (lanes == 8 || lanes == 4) {  // a group per voxel (pool model 0, up to 32 orders: group_adjoint)
+    if (lanes == 8 || lanes == 4) {  // the general scheme in a group per voxel (pool model 0, up to 32 orders)
       const LaunchShape shape = lanes_shape(V, lanes);
-      if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme
-        if (plain_group_adjoint<N, S>(pb, lanes)) {
-          if (lanes == 8)
-            launcher.start(AdjointPlainLanes<N, S, 8>(), shape, pb, V, io, eg, out, state_scratch);
-          else
-            launcher.start(AdjointPlainLanes<N, S, 4>(), shape, pb, V, io, eg, out, state_scratch);
-          return;
-        }
-      }
       if (lanes == 8)
         launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       else
@@ -218,9 +234,9 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     if (lanes == 32) {
       const LaunchShape shape = lanes_shape(V, 32);
       const bool two = warp_orders_per_lane(pb.K) == 2;
-      if constexpr (std::is_same<N, float>::value) {
-        if (fixed_pools<N>(pb)) {
-          launch_vjp_pools<S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch);
+      if constexpr (std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value) {
+        if (fixed_pool_warp<N>(pb)) {
+          launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch);
           return;
         }
       }

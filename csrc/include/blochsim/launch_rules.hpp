@@ -39,6 +39,17 @@ template <class N, class R>
 inline bool fixed_pools(const Problem<R>& pb) {
   return std::is_same<N, float>::value && pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
 }
+// Whether a warp kernel of number type N (a voxel a warp, an order a lane) has its pool counts compiled: the
+// float adjoint (pools.cu), the second order's adjoint (N = Dual<float, 1>: pools_dual.cu) and the JVP of one
+// or two tangents (Dual<float, 1 | 2>: jvp_1.cu, jvp_2.cu; a Jacobian of one or two properties). With run-time
+// pool counts the lane's states and the voxel's tables sit in a local array indexed at run time: ptxas
+// (sm_90) gave the second order's adjoint a 4,256-byte stack frame a thread for pools (2, 3), 432 fixed.
+template <class N, class R>
+inline bool fixed_pool_warp(const Problem<R>& pb) {
+  constexpr bool compiled = std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value ||
+                            std::is_same<N, Dual<float, 2>>::value;
+  return compiled && pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
+}
 
 // The compile-time order count a launch uses: 32 (states in registers) for the plain layout at a real
 // number type, else 0 (run-time K and physics, states in device scratch). Dual types are not specialised:
@@ -97,12 +108,25 @@ inline int forced_adjoint_plain_lanes() {
   return lanes == 4 || lanes == 8 || lanes == 16 || lanes == 32 ? lanes : -1;
 }
 
+// Whether a JVP runs in groups of 4 or 8 lanes per voxel (forward_warp_kernel<N, N, 8 | 4, kPlain, 4 | 8>):
+// the real plain layout at up to 32 orders, one or two tangents (Dual<float, 1 | 2>: a Jacobian of one or
+// two properties). Past 3,000 voxels the JVP took a thread per voxel, its dual states in device scratch
+// (Dual types have no register kernel): the 20k real HVP's JVP ran 13.9 ms there, 31 % of the call (H100,
+// benchmarks/results/profile/torch-profiler-timelines-H100-2026-12-05-6bce3e6.txt).
+template <class N, class S, class R>
+inline bool jvp_groups(const Problem<R>& pb) {
+  constexpr bool compiled = std::is_same<N, S>::value && (std::is_same<N, Dual<float, 1>>::value ||
+                                                          std::is_same<N, Dual<float, 2>>::value);
+  return compiled && !pb.tabulated && pb.K <= 32 && plain_orders(pb);
+}
+
 // Lanes per voxel of a forward or JVP launch: 32, 8, 4, or 1 (a thread per voxel). Groups of 4 or 8 are
-// compiled for the value forward only (N = float: a dual state of 8 orders per lane would spill).
+// compiled for the value forward (N = float) and the real plain JVPs of jvp_groups (a dual state of 8 orders
+// a lane in general would spill).
 template <class N, class S, class R>
 inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
-  const bool groups = Num<N>::P == 0 && pb.K <= 32;
+  const bool groups = (Num<N>::P == 0 && pb.K <= 32) || jvp_groups<N, S>(pb);
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced ? forced : 1;
   if (forced >= 0) return forced;
@@ -111,6 +135,7 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
   if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
+  if (jvp_groups<N, S>(pb)) return V <= 5000 ? 8 : 4;  // as the value forward's; not measured
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
   // Real path: a thread past 6k voxels, where it holds its states in registers (plain_orders).
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
@@ -119,7 +144,7 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
 // Adjoints (VJP, VJP-JVP) take a warp per voxel too (each lane its own checkpoints and, with pool tables,
-// its own table cotangents). Measured on the H200 (docs/design.md), thread/warp ms: real VJP at 2k, 20k,
+// its own table cotangents but the saturation table's: event_loop.hpp table_scratch_size). Measured on the H200 (docs/design.md), thread/warp ms: real VJP at 2k, 20k,
 // 100k voxels 31/18, 45/48, 139/187; complex VJP 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139,
 // 1384/595. So warp up to 15,000 voxels for a real float adjoint, at any size for complex or dual ones.
 // Tabulated, thread/warp ms (2026-12-03): pooled_grad 2k 38.9/12.2, 20k 83.7/97.8; pooled5_grad 2k
@@ -132,7 +157,7 @@ template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
   if (fixed_pools<N>(pb)) return V <= 20000;
-  if (pb.tabulated) return V <= 6000;
+  if (pb.tabulated) return V <= 6000;  // the second order's fixed pools too (their crossing not measured)
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }
 // Whether an adjoint can take a group of 4 or 8 lanes per voxel (vjp_warp_kernel with LANES 4 or 8: 8 or 4
@@ -259,19 +284,11 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
 }
 
-template <class R>
-inline int64_t table_total(const Problem<R>& pb) {
-  int64_t sizes[kTableCount];
-  table_sizes(pb, sizes);
-  int64_t total = 0;
-  for (int i = 0; i < kTableCount; ++i) total += sizes[i];
-  return total;
-}
-
 template <class N, class S, class R>
 inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  const int64_t threads = warp_kernels ? adjoint_threads<N, S>(pb, V) : padded_voxels(V);
-  return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * threads * table_total(pb);
+  const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
+  const int64_t threads = lanes > 1 ? adjoint_threads<N, S>(pb, V) : padded_voxels(V);
+  return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * table_scratch_size(pb, threads, lanes);
 }
 
 }  // namespace bs

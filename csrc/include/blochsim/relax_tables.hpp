@@ -184,6 +184,7 @@ BS_HD void relax_from_products(const Problem<R>& pb, int64_t v, const Interval<N
 // each at [j * st] (event_loop.hpp: table_grad_at): a warp's lanes keep their own, interleaved.
 // The tables in the order of bs_tables: the pool tables, then the per-voxel pulses' (pulses.hpp).
 constexpr int kTableCount = 8;
+constexpr int kSatTable = 4;  // the semisolid pool's saturation table, [E]
 template <class N>
 struct TableGrad {
   Ref<N> L;       // [D, nl, nl]
