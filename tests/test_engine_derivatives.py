@@ -601,3 +601,41 @@ def test_a_jacobians_backward_runs_no_first_order_pass_for_an_unused_signal(monk
     calls, grad = backward(with_signal=False)
     assert calls == 0 and grad is not None and bool(grad.abs().sum() > 0)
     assert backward(with_signal=True)[0] == 1
+
+
+def test_a_pooled_jacobians_table_tangents_are_constants_formed_once_along_new_flips(monkeypatch):
+    """A Jacobian along pool properties, differentiated along the flips alone (a design loop's HVP), takes
+    the pool tables' tangents as constants (no graph: they are formed from the tissue and the intervals,
+    not the flips), kept while the tissue's and the intervals' tensors are unmodified; the flips' gradient
+    is the one with the tangents' graph kept (a tissue field requiring grad) to 1e-12."""
+    from blochsim.engine import bind
+    from blochsim.simulators import MRFSimulator
+
+    original, formed = bind.reverse_jvps, []
+
+    def spy(outputs, leaves, differentiable):
+        formed.append(differentiable)
+        return original(outputs, leaves, differentiable)
+
+    monkeypatch.setattr(bind, "reverse_jvps", spy)
+    t1, t2 = f64([500.0, 900.0, 1400.0]), f64([50.0, 90.0, 60.0])
+    degrees = f64([20.0, 45.0, 30.0, 60.0])
+    sim = MRFSimulator(flip=degrees, TR=10.0, states=8, dtype=torch.float64)  # as a design loop holds it
+
+    def flip_gradient(t1_ms):
+        flips = degrees.clone().requires_grad_()
+        _, J = sim.jacobian(("T1", "bound_fraction"), flip=flips, T1=t1_ms, T2=t2, bound_fraction=0.1,
+                            bound_exchange=4.3, bound_T1=1000.0)
+        return torch.autograd.grad((J.abs() ** 2).sum(), flips)[0]
+
+    first = flip_gradient(t1)
+    flip_gradient(t1)  # the simulator's resolved train settles at its second call (its intervals' tensors)
+    settled = len(formed)
+    again = flip_gradient(t1)
+    assert len(formed) == settled and formed == [False] * settled  # constant tangents, kept
+    t1.mul_(1.0)  # an in-place change (a new version) forms them again
+    flip_gradient(t1)
+    assert formed == [False] * (settled + 1)
+    with_graph = flip_gradient(t1.clone().requires_grad_())
+    assert formed[-1] is True
+    assert torch.equal(first, again) and rel_max_err(first, with_graph) < 1e-12

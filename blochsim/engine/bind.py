@@ -76,6 +76,13 @@ def _lengths(program: Program, values: tuple | None) -> tuple:
 
 
 _LAST_POOL_INPUTS = LastResult()
+_LAST_TABLE_TANGENTS = LastResult()
+
+
+def _pool_settings(program: Program, packed: PackedTissue, lineshape: str) -> tuple:
+    """What the pool tables are formed from beside the interval lengths and the tissue: their cache's key."""
+    return (program.action.tobytes(), program.num_repetitions, program.sat_per_rad2.tobytes(),
+            program.rf_hz.tobytes(), packed.pools, tuple(packed.voxel_shape), packed.dtype, packed.device, lineshape)
 
 
 def _pool_inputs(program: Program, lengths: tuple, tissue: Mapping, packed: PackedTissue, lineshape: str) -> tuple:
@@ -85,9 +92,8 @@ def _pool_inputs(program: Program, lengths: tuple, tissue: Mapping, packed: Pack
     copy."""
     dt_s, dt_wrap_s = lengths
     model, dtype, device = packed.pools, packed.dtype, packed.device
-    settings = (program.action.tobytes(), program.num_repetitions, program.sat_per_rad2.tobytes(),
-                program.rf_hz.tobytes(), model, tuple(packed.voxel_shape), dtype, device, lineshape)
-    kept, key = _LAST_POOL_INPUTS.lookup(settings, [("dt_s", dt_s), ("dt_wrap_s", dt_wrap_s), *tissue.items()])
+    kept, key = _LAST_POOL_INPUTS.lookup(_pool_settings(program, packed, lineshape),
+                                         [("dt_s", dt_s), ("dt_wrap_s", dt_wrap_s), *tissue.items()])
     if kept is not None:
         return kept
     interval_events = (program.action & nat.INTERVAL) != 0
@@ -174,7 +180,10 @@ def tissue_tangents(program: Program, lengths: tuple, tissue: Mapping, packed: P
     no kernel input: it acts on the samples (`apply_t2_prime` takes its column).
     """
     direct = {name: K.NUM_EVENT_INPUTS + i for i, name in enumerate(nat.TISSUE_PARAMS)}
-    differentiable = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    # The tables' tangents keep their graph only where what they are formed from (the tissue, the interval
+    # lengths) requires grad: a Jacobian differentiated along the flips alone (an HVP) has constant ones.
+    differentiable = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (*tissue.values(), *lengths))
     through_tables = [name for name in dict.fromkeys(fields) if name != "t2_prime_ms"
                       and (direct.get(name) is None or inputs[K.TABLE_START] is not None)]
     tables = (_table_tangents(program, lengths, tissue, packed, through_tables, differentiable, lineshape)
@@ -206,7 +215,15 @@ def _table_tangents(program, lengths, tissue: Mapping, packed: PackedTissue, nam
     """Per tissue field of `names`, the pool tables' tangents along it (None where a table does not move):
     one table construction with every such field a leaf, then two reverse passes (`reverse_jvps`: forward-mode
     AD would import torch._dynamo on its first use, about 5 s). `differentiable`: the tangents keep their
-    graph (a Jacobian inside a derivative: some kernel input requires grad)."""
+    graph (a Jacobian inside a derivative along something the tables are formed from); constant ones are
+    kept while the intervals and the tissue tensors are the same and unmodified (as `_pool_inputs` keeps the
+    tables): a design loop's Jacobians along new flips form them once."""
+    key = None
+    if not differentiable:
+        kept, key = _LAST_TABLE_TANGENTS.lookup((*_pool_settings(program, packed, lineshape), tuple(names)),
+                                                [("dt_s", lengths[0]), ("dt_wrap_s", lengths[1]), *tissue.items()])
+        if kept is not None:
+            return kept
     leaves = {}
     for name in names:
         value = tissue.get(name, IDENTITY.get(name))
@@ -215,4 +232,7 @@ def _table_tangents(program, lengths, tissue: Mapping, packed: PackedTissue, nam
     with torch.enable_grad():
         moved, _ = _pool_inputs(program, lengths, {**tissue, **leaves}, packed, lineshape)
         per_leaf = reverse_jvps(list(moved), list(leaves.values()), differentiable)
-    return dict(zip(leaves, per_leaf, strict=True))
+    tangents = dict(zip(leaves, per_leaf, strict=True))
+    if key is not None:
+        _LAST_TABLE_TANGENTS.keep(key, tangents)
+    return tangents
