@@ -29,5 +29,6 @@ csrc/cuda/epg_device.cuh|/vjp_plain_lanes_kernel(const Problem<R> pb_in/,/^}/ s/
 csrc/cuda/epg_device.cuh|s/for (int q = 0; q < kStaged; ++q, to += step) to\[0\] = from\[q \* kVoxels\];/for (int q = 0; q < kStaged; ++q, to += step) to[0] = from[q];/|register_kernel
 csrc/cuda/epg_device.cuh|s/  if (!folds_into(head.ev, first.ev)) return;/;/|folded_events and auto
 csrc/cuda/epg_device.cuh|s/  const int64_t k0 = int64_t(lane) \* KPL;/  const int64_t k0 = int64_t(LANES == 32 ? lane ^ 1 : lane) * KPL;/|plain_adjoint and plain32
+csrc/cuda/epg_device.cuh|/__device__ void add_table/,/^  }/ s/    const N y = warp_sum(x);/    const N y = x;/|saturation and warp
 MUTATIONS
 exit $status

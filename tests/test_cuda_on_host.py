@@ -179,6 +179,30 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     assert rel_max_err(emulated[4], host[4]) < 1e-3 and rel_max_err(emulated[5], host[5]) < 1e-3
 
 
+@pytest.mark.parametrize("b0", (False, True))
+def test_saturation_table_gradients_match_host(b0, mapping, card):
+    """Gradients through the semisolid pool's saturation table, a row per voxel (its lineshape at each
+    voxel's bound-pool T2 and, with B0, its offset): first order, and the second order's (a Jacobian along
+    the bound fraction differentiated along the bound T2). A warp per voxel sums its lanes' shares of each
+    event's saturation cotangent where the event forms it (DeviceEventGrad add_table); pools (2, 3) at 10
+    orders take the fixed-pool kernels, real and (with B0) complex."""
+    def run():
+        flips, phases = train(n=DERIVATIVE_EVENTS)
+        d = mrf_description(flips, 0.01, phases_rad=phases)
+        t = tissue("cpu", "poolb+mt", n=DERIVATIVE_VOXELS, b0=b0)
+        t2b = torch.linspace(0.008, 0.016, DERIVATIVE_VOXELS).requires_grad_()
+        t = TissueProperties(**{**dict(t.items()), "t2_bound_ms": t2b})
+        signal = engine.simulate(d, t, states=10, lineshape="gaussian")  # the super-Lorentzian: no autograd
+        first = torch.autograd.grad((signal.abs() ** 2).sum(), t2b)[0]
+        _, J = engine.jacobian(d, t, ("bound_fraction",), states=10, lineshape="gaussian")
+        second = torch.autograd.grad((J.abs() ** 2).sum(), t2b)[0]
+        return first, second
+
+    host, emulated = on_both(card, run)
+    assert bool(host[0].abs().amax() > 0) and bool(host[1].abs().amax() > 0)
+    assert rel_max_err(emulated[0], host[0]) < 1e-4 and rel_max_err(emulated[1], host[1]) < 1e-3
+
+
 @pytest.mark.parametrize("b1", ("map", "one value"))
 @pytest.mark.parametrize("quadratic", (False, True))
 def test_block_decoded_events_match_host(b1, quadratic, mapping, card):
