@@ -721,8 +721,8 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
 // the tabulated layouts in its local array; its checkpoints, replay buffer and table cotangents interleaved
 // in device scratch by lane, but the saturation table's, summed over the warp as each event forms it and
 // held once a voxel: DeviceEventGrad add_table), the event-value gradients are summed over the warp by
-// DeviceEventGrad, the tissue and table gradients over the voxel's lanes here. Groups past the last voxel replay it and write
-// nothing (every lane of a warp takes part in its shuffles); whole warps past it return.
+// DeviceEventGrad, the tissue and table gradients over the voxel's lanes here. Groups past the last voxel
+// replay it and write nothing (every lane of a warp takes part in its shuffles); whole warps past it return.
 template <int LANES>
 struct LanesTotal {
   template <class N>

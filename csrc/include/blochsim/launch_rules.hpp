@@ -135,7 +135,10 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
   if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
-  if (jvp_groups<N, S>(pb)) return V <= 5000 ? 8 : 4;  // as the value forward's; not measured
+  // As the value forward's. H100, the Jacobian alone (benchmarks/results/mapping/jacobian-H100-2026-12-05-s15.txt),
+  // ms, these rules / groups of 8 / of 4: 20k 10.6-10.9 / 10.4-10.5 / 10.8-10.9, 200k 94.8-95.4 / 95.5-95.6 /
+  // 94.8-95.2, level (a thread per voxel took 13.7 and 140); at 2k a warp 1.69-2.06, groups of 8 1.65-1.89.
+  if (jvp_groups<N, S>(pb)) return V <= 5000 ? 8 : 4;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
   // Real path: a thread past 6k voxels, where it holds its states in registers (plain_orders).
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
@@ -144,9 +147,10 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
 // Adjoints (VJP, VJP-JVP) take a warp per voxel too (each lane its own checkpoints and, with pool tables,
-// its own table cotangents but the saturation table's: event_loop.hpp table_scratch_size). Measured on the H200 (docs/design.md), thread/warp ms: real VJP at 2k, 20k,
-// 100k voxels 31/18, 45/48, 139/187; complex VJP 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139,
-// 1384/595. So warp up to 15,000 voxels for a real float adjoint, at any size for complex or dual ones.
+// its own table cotangents but the saturation table's: event_loop.hpp table_scratch_size). Measured on the
+// H200 (docs/design.md), thread/warp ms: real VJP at 2k, 20k, 100k voxels 31/18, 45/48, 139/187; complex VJP
+// 63/25, 159/73, 600/264; real VJP-JVP (hvp) 129/33, 325/139, 1384/595. So warp up to 15,000 voxels for a
+// real float adjoint, at any size for complex or dual ones.
 // Tabulated, thread/warp ms (2026-12-03): pooled_grad 2k 38.9/12.2, 20k 83.7/97.8; pooled5_grad 2k
 // 116/24.3, 20k 260/202; pooled_hvp 2k 139/85, 20k 302/484; pooledb_hvp 2k 107/77, 20k 247/448: warp up to
 // 6,000 voxels (the dual ones cross near 6k; pooled5_grad, still faster by warp at 20k, is rarely that big).
