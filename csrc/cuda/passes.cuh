@@ -19,23 +19,16 @@ extern template void launch_forward_pools<float, DeviceLauncher>(const DeviceLau
                                                                  int64_t, const SampleIO<float>&);
 extern template void launch_forward_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
                                                                      int64_t, const SampleIO<float>&);
-extern template void launch_vjp_pools<float, float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                    int64_t, const SampleIO<float>&,
-                                                                    const DeviceEventGrad<float>&,
-                                                                    const GradOut<float>&, float*, float*);
-extern template void launch_vjp_pools<float, Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                        int64_t, const SampleIO<float>&,
-                                                                        const DeviceEventGrad<float>&,
-                                                                        const GradOut<float>&, Cx<float>*, float*);
-// pools_dual.cu: the second order's (the VJP along one tangent) with pool counts fixed at compile time.
+// The adjoint with pool counts fixed at compile time, of number type N and states S: pools.cu instantiates the
+// first order's (float), pools_dual.cu the second order's (Dual<float, 1>, the VJP along one tangent).
+#define BS_VJP_POOLS(N, S)                                                                                   \
+  void launch_vjp_pools<N, S, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,          \
+                                              const SampleIO<N>&, const DeviceEventGrad<N>&,                 \
+                                              const GradOut<float>&, S*, N*)
 using Dual1 = Dual<float, 1>;
-extern template void launch_vjp_pools<Dual1, Dual1, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                    int64_t, const SampleIO<Dual1>&,
-                                                                    const DeviceEventGrad<Dual1>&,
-                                                                    const GradOut<float>&, Dual1*, Dual1*);
-extern template void launch_vjp_pools<Dual1, Cx<Dual1>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                        int64_t, const SampleIO<Dual1>&,
-                                                                        const DeviceEventGrad<Dual1>&,
-                                                                        const GradOut<float>&, Cx<Dual1>*, Dual1*);
+extern template BS_VJP_POOLS(float, float);
+extern template BS_VJP_POOLS(float, Cx<float>);
+extern template BS_VJP_POOLS(Dual1, Dual1);
+extern template BS_VJP_POOLS(Dual1, Cx<Dual1>);
 
 }  // namespace bs

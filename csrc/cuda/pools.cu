@@ -10,12 +10,7 @@ template void launch_forward_pools<float, DeviceLauncher>(const DeviceLauncher&,
                                                           const SampleIO<float>&);
 template void launch_forward_pools<Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
                                                               const SampleIO<float>&);
-template void launch_vjp_pools<float, float, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
-                                                             const SampleIO<float>&, const DeviceEventGrad<float>&,
-                                                             const GradOut<float>&, float*, float*);
-template void launch_vjp_pools<float, Cx<float>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&,
-                                                                 int64_t, const SampleIO<float>&,
-                                                                 const DeviceEventGrad<float>&, const GradOut<float>&,
-                                                                 Cx<float>*, float*);
+template BS_VJP_POOLS(float, float);
+template BS_VJP_POOLS(float, Cx<float>);
 
 }  // namespace bs

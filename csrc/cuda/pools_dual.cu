@@ -5,11 +5,7 @@
 
 namespace bs {
 
-template void launch_vjp_pools<Dual1, Dual1, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
-                                                             const SampleIO<Dual1>&, const DeviceEventGrad<Dual1>&,
-                                                             const GradOut<float>&, Dual1*, Dual1*);
-template void launch_vjp_pools<Dual1, Cx<Dual1>, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,
-                                                                 const SampleIO<Dual1>&, const DeviceEventGrad<Dual1>&,
-                                                                 const GradOut<float>&, Cx<Dual1>*, Dual1*);
+template BS_VJP_POOLS(Dual1, Dual1);
+template BS_VJP_POOLS(Dual1, Cx<Dual1>);
 
 }  // namespace bs

@@ -82,8 +82,7 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
       return;
     }
   }
-  if constexpr (std::is_same<N, S>::value && (std::is_same<N, Dual<float, 1>>::value ||
-                                              std::is_same<N, Dual<float, 2>>::value)) {
+  if constexpr (std::is_same<N, S>::value && kJvpOfOneOrTwo<N>) {
     if (lanes == 4 || lanes == 8) {  // a real plain JVP in groups (launch_rules.hpp jvp_groups)
       if (lanes == 4)
         launcher.start(ForwardLanes<N, S, 8, kPlain, 4>(), shape, pb, V, io);
@@ -92,7 +91,7 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
       return;
     }
   }
-  if constexpr (std::is_same<N, Dual<float, 1>>::value || std::is_same<N, Dual<float, 2>>::value) {
+  if constexpr (kJvpOfOneOrTwo<N>) {
     if (fixed_pool_warp<N>(pb)) {  // a JVP of one or two tangents, its pool counts compiled (up to 32 orders)
       with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
         launcher.start(ForwardLanes<N, S, 1, decltype(layout)::value, 32>(), shape, pb, V, io);

@@ -35,20 +35,26 @@ inline bool with_fixed_pools(int nt, int nl, const F& f) {
 
 // Whether the fixed-pool kernels (pools.cu) take the problem: a compiled pool layout at a float number type
 // and up to 32 orders (8 per lane in a group of 4 forward, one per lane in the warp adjoint).
+template <class R>
+inline bool compiled_pools(const Problem<R>& pb) {
+  return pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
+}
 template <class N, class R>
 inline bool fixed_pools(const Problem<R>& pb) {
-  return std::is_same<N, float>::value && pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
+  return std::is_same<N, float>::value && compiled_pools(pb);
 }
+// The number type of a JVP of one or two tangents (a Jacobian of one or two properties), the widths the
+// fixed-pool and group JVP kernels are compiled for.
+template <class N>
+constexpr bool kJvpOfOneOrTwo = std::is_same<N, Dual<float, 1>>::value || std::is_same<N, Dual<float, 2>>::value;
 // Whether a warp kernel of number type N (a voxel a warp, an order a lane) has its pool counts compiled: the
 // float adjoint (pools.cu), the second order's adjoint (N = Dual<float, 1>: pools_dual.cu) and the JVP of one
-// or two tangents (Dual<float, 1 | 2>: jvp_1.cu, jvp_2.cu; a Jacobian of one or two properties). With run-time
-// pool counts the lane's states and the voxel's tables sit in a local array indexed at run time: ptxas
-// (sm_90) gave the second order's adjoint a 4,256-byte stack frame a thread for pools (2, 3), 432 fixed.
+// or two tangents (jvp_1.cu, jvp_2.cu). With run-time pool counts the lane's states and the voxel's tables
+// sit in a local array indexed at run time: ptxas (sm_90) gave the second order's adjoint a 4,256-byte stack
+// frame a thread for pools (2, 3), 432 fixed.
 template <class N, class R>
 inline bool fixed_pool_warp(const Problem<R>& pb) {
-  constexpr bool compiled = std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value ||
-                            std::is_same<N, Dual<float, 2>>::value;
-  return compiled && pb.K <= 32 && pb.tabulated && with_fixed_pools(pb.nt, pb.nl, [](auto) {});
+  return (std::is_same<N, float>::value || kJvpOfOneOrTwo<N>) && compiled_pools(pb);
 }
 
 // The compile-time order count a launch uses: 32 (states in registers) for the plain layout at a real
@@ -115,9 +121,7 @@ inline int forced_adjoint_plain_lanes() {
 // benchmarks/results/profile/torch-profiler-timelines-H100-2026-12-05-6bce3e6.txt).
 template <class N, class S, class R>
 inline bool jvp_groups(const Problem<R>& pb) {
-  constexpr bool compiled = std::is_same<N, S>::value && (std::is_same<N, Dual<float, 1>>::value ||
-                                                          std::is_same<N, Dual<float, 2>>::value);
-  return compiled && !pb.tabulated && pb.K <= 32 && plain_orders(pb);
+  return std::is_same<N, S>::value && kJvpOfOneOrTwo<N> && !pb.tabulated && pb.K <= 32 && plain_orders(pb);
 }
 
 // Lanes per voxel of a forward or JVP launch: 32, 8, 4, or 1 (a thread per voxel). Groups of 4 or 8 are
