@@ -136,8 +136,12 @@ def main() -> None:
                         help="an experiment: every adjoint launch on the card takes this checkpoint stride (events a "
                              "stretch), not the one its plan picks (4, or the least-scratch one where a call is "
                              "chunked: engine.chunks.least_scratch_stride)")
+    parser.add_argument("--whole-waves", action=argparse.BooleanOptionalAction, default=True,
+                        help="chunks in whole waves of their kernel (engine.chunks.WHOLE_WAVES; --no-whole-waves "
+                             "to measure what that buys)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    chunks.WHOLE_WAVES = args.whole_waves
     if args.stride:
         force_stride(args.stride)
     cases = select_cases(list(INCUMBENT_MS), args.cases, args.n, args.quick)
@@ -156,7 +160,7 @@ def main() -> None:
               "scratch_mib": _execution.DEFAULT_SCRATCH_BYTES / 2**20,
               "second_order_scratch_mib": _execution.SECOND_ORDER_SCRATCH_BYTES / 2**20,
               "second_order_wave_scratch_mib": _execution.SECOND_ORDER_WAVE_SCRATCH_BYTES / 2**20,
-              "stride": args.stride,
+              "stride": args.stride, "whole_waves": args.whole_waves,
               "results": []}
     print(f"{'case':<18}{'n':>9}{'first ms':>10}{'median ms':>11}{'x fwd':>7}{'inc ms':>9}{'ratio':>7}"
           f"{'peak MiB':>10}{'inc MiB':>9}{'ratio':>7}")

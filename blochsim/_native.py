@@ -17,7 +17,7 @@ from ._version import __version__
 __all__ = ["ABI_VERSION", "NUM_TISSUE", "TISSUE_PARAMS", "NativeLibraryError", "cpu_library", "check_status"]
 
 #: The ABI this Python package speaks (BS_ABI_VERSION in csrc/capi.h).
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 #: Tissue properties of the kernels, in the order of `enum bs_tissue_param`.
 TISSUE_PARAMS = (
@@ -244,20 +244,22 @@ def load_library(path: Path, *, expected_abi: int = ABI_VERSION, expected_versio
             f"the kernel library {path} was built for blochsim {built}, but this is blochsim "
             f"{expected_version}: reinstall blochsim so both come from one release"
         )
-    type_entry_points(lib, _ENTRY_POINTS, "bs_epg_scratch_bytes")
+    type_entry_points(lib, _ENTRY_POINTS, "bs_epg_scratch_bytes", "bs_epg_resident_voxels")
     return lib
 
 
-def type_entry_points(lib, entries: dict, scratch_query: str) -> None:
+def type_entry_points(lib, entries: dict, *queries: str) -> None:
     """Give a kernel family's C entry points their ctypes signatures: each `name(const Args*) -> int32 status`
-    of `entries` (name -> Args structure), and its `scratch_query(int32 pass, const void* args) -> int64 bytes`."""
+    of `entries` (name -> Args structure), and its `queries` (a scratch query, and the EPG family's resident
+    voxels), each `query(int32 pass, const void* args) -> int64`."""
     for name, args in entries.items():
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int32
         fn.argtypes = [ctypes.POINTER(args)]
-    query = getattr(lib, scratch_query)
-    query.restype = ctypes.c_int64
-    query.argtypes = [ctypes.c_int32, ctypes.c_void_p]
+    for name in queries:
+        query = getattr(lib, name)
+        query.restype = ctypes.c_int64
+        query.argtypes = [ctypes.c_int32, ctypes.c_void_p]
 
 
 _cpu = None

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Bumped on every change of a struct below or of an entry point's meaning. */
-#define BS_ABI_VERSION 4
+#define BS_ABI_VERSION 5
 
 enum bs_dtype { BS_FLOAT32 = 0, BS_FLOAT64 = 1 };
 
@@ -245,6 +245,10 @@ BS_API int32_t bs_epg_vjp_jvp(const bs_epg_vjp_jvp_args* args);
 /* Scratch bytes a pass needs (pass: 0 forward, 1 JVP, 2 VJP, 3 VJP-JVP; args: that pass's struct).
  * Returns -1 on invalid arguments (see bs_last_error). The host build returns 0. */
 BS_API int64_t bs_epg_scratch_bytes(int32_t pass, const void* args);
+/* Voxels the pass's kernel at args' size keeps resident on the current device at once (CUDA build): a
+ * launch of more runs in waves of this many. 0 where it cannot tell (and from the host build); -1 on
+ * invalid arguments (see bs_last_error). Starts nothing and allocates nothing; args' scratch is not read. */
+BS_API int64_t bs_epg_resident_voxels(int32_t pass, const void* args);
 
 #ifdef __cplusplus
 }

@@ -72,13 +72,46 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
         real(st, entry, args)
 
     monkeypatch.setattr(K, "_call", recording)
-    monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None: 256)
+    monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None, resident=None: 256)
     chunked = _all_passes(kind, 2000)
     # 8 chunks each: the forward, the VJP, the HVP's VJP-JVP and the VJP its cotangent's derivative takes, the JVP.
     assert calls and max(calls) == 256 and len(calls) >= 5 * 8
     for name, a, b, tol in zip(("signal", "jacobian", "grad flip", "grad T1", "hvp flip", "hvp T1"), chunked, whole,
                                (1e-6, 1e-6, 1e-5, 1e-6, 1e-5, 1e-6), strict=True):
         assert rel_max_err(a, b) <= tol, name
+
+
+def test_chunks_in_whole_waves_of_the_kernel(monkeypatch):
+    """The library answers each pass's resident voxels on the card (whole blocks on every multiprocessor), and a
+    pooled gradient cut by its budget takes chunks of whole waves of its adjoint kernel, less than a block of
+    128 short of them (chunks.Runner._whole_waves); its gradient is the one of chunks cut without the rule
+    (event gradients: float32 sums over voxels in another order, 1e-5 as above)."""
+    planned = []
+    real_chunk = chunks.Runner.chunk
+
+    def chunk(self, per_voxel_bytes, scratch=None, resident=None):
+        c = real_chunk(self, per_voxel_bytes, scratch, resident)
+        planned.append((self.label, c, resident(c) if resident else None))
+        return c
+
+    monkeypatch.setattr(chunks.Runner, "chunk", chunk)
+    processors = torch.cuda.get_device_properties(CARD).multi_processor_count
+    n = 20_000
+
+    def gradient():
+        planned.clear()
+        flips = _flips(300).requires_grad_()
+        with blochsim.execution(budget_bytes=192 * 2**20):  # chunks of a few thousand voxels: a few waves
+            signal = engine.simulate(mrf_description(flips, 0.01), _tissue("pooled", n, CARD), states=STATES)
+            return torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0]
+
+    waves = gradient()
+    cut = [(label, c, wave) for label, c, wave in planned if c < n]
+    assert cut and all(wave is not None and wave > 0 and wave % processors == 0 for _, c, wave in cut), planned
+    assert all(wave > c or -c % wave < 128 for _, c, wave in cut), planned
+    assert any(c >= wave for _, c, wave in cut), planned  # a chunk of a wave or more: the rule was asked
+    monkeypatch.setattr(chunks, "WHOLE_WAVES", False)
+    assert rel_max_err(waves, gradient()) <= 1e-5
 
 
 def test_peak_memory_under_a_budget():

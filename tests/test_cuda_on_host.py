@@ -179,6 +179,47 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     assert rel_max_err(emulated[4], host[4]) < 1e-3 and rel_max_err(emulated[5], host[5]) < 1e-3
 
 
+#: The voxels a block of each mapping holds (launch_plan.hpp thread_shape, lanes_shape): a thread per voxel in
+#: blocks of 32 threads below 33,792 voxels, groups and warps in blocks of 128 threads.
+VOXELS_A_BLOCK = {"thread": 32, "warp": 4, "lanes4": 32, "lanes8": 16}
+
+
+def test_resident_voxels_are_asked_without_a_launch(card_library, mapping, monkeypatch):
+    """bs_epg_resident_voxels answers, for each pass, the voxels its kernel keeps resident (the emulated card
+    keeps 16 blocks of any kernel: HostGridLauncher kResidentBlocks) and starts nothing: the signal it is
+    given keeps its bytes. The forward's answer follows the forced mapping's voxels a block."""
+    card_library.bs_epg_resident_voxels.restype = ctypes.c_int64
+    host_call, answers = kernels._call, {}
+
+    def call(st, entry, args):
+        if entry in kernels._PASSES:
+            asked = type(args).from_buffer_copy(args)
+            if entry == "bs_epg_forward":
+                sentinel = torch.full((st.num_voxels * 64,), 7.0)
+                asked.signal = sentinel.data_ptr()
+            answers[entry] = card_library.bs_epg_resident_voxels(kernels._PASSES[entry], ctypes.byref(asked))
+            assert answers[entry] > 0, card_library.bs_last_error().decode()
+            if entry == "bs_epg_forward":
+                assert bool((sentinel == 7.0).all()), "the query wrote the signal"
+        return host_call(st, entry, args)
+
+    monkeypatch.setattr(kernels, "_call", call)
+    flips, phases = train(n=DERIVATIVE_EVENTS)
+    flips = flips.requires_grad_()  # float32: the query takes the CUDA library's arguments
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    t = tissue("cpu", "free", n=DERIVATIVE_VOXELS)
+    _, J = engine.jacobian(d, t, ("t1_ms", "t2_ms"), states=32)
+    torch.autograd.grad((J.abs() ** 2).sum(), flips)
+    signal = engine.simulate(d, t, states=32)
+    torch.autograd.grad((signal.abs() ** 2).sum(), flips)
+    assert set(answers) == set(kernels._PASSES)
+    assert all(v in {16 * n for n in VOXELS_A_BLOCK.values()} for v in answers.values()), answers
+    if mapping != "auto":
+        assert answers["bs_epg_forward"] == 16 * VOXELS_A_BLOCK[mapping]
+    assert card_library.bs_epg_resident_voxels(9, None) == -1
+    assert b"pass must be" in card_library.bs_last_error()
+
+
 @pytest.mark.parametrize("b0", (False, True))
 def test_saturation_table_gradients_match_host(b0, mapping, card):
     """Gradients through the semisolid pool's saturation table, a row per voxel (its lineshape at each

@@ -297,6 +297,31 @@ def test_chunk_size_from_the_byte_model():
             chunks.Runner(torch.device("cpu"), 10_000, "test").chunk(120, scratch)
 
 
+def test_chunks_are_cut_in_whole_waves_of_their_kernel(monkeypatch):
+    """On a card a launch of more voxels than its kernel keeps resident runs in waves, each as long as a full
+    one: the chunk the byte model allows (about 2,500 voxels here) is cut to whole waves of the kernel's
+    resident voxels (1,584: 1,536 aligned to blocks of 128), and left as it is where the kernel keeps more
+    than it, where the library cannot tell (0), where the smaller launch takes another kernel, or with the
+    rule off. The device is a name here: nothing runs."""
+    per_voxel, budget = 1000, 2_500_000
+
+    def planned(resident):
+        with blochsim.execution(budget_bytes=budget):
+            runner = chunks.Runner(torch.device("cpu"), 20_000, "test")
+            runner.device = torch.device("cuda", 0)  # as an execution policy places the call on a card
+            return runner.chunk(per_voxel, lambda c: 0, resident)
+
+    cut = planned(None)
+    assert 2_300 <= cut <= 2_500 and cut % 128 == 0
+    assert planned(lambda c: 1_584) == 1_536  # one wave, less its part of a block
+    assert planned(lambda c: 1_000) == 1_920  # two waves
+    assert planned(lambda c: 4_000) == cut  # more resident than the chunk: one wave already
+    assert planned(lambda c: 0) == cut
+    assert planned(lambda c: 1_584 if c > 2_000 else 700) == cut  # another kernel at the smaller launch
+    monkeypatch.setattr(chunks, "WHOLE_WAVES", False)
+    assert planned(lambda c: 1_584) == cut
+
+
 def test_a_call_on_its_own_card_reads_free_memory_only_past_its_scratch_cap(monkeypatch):
     """Without a budget, a call whose tensors are on the card it runs on runs whole, asking the driver nothing,
     while its scratch is under the cap, however large its arrays (already allocated; a whole call allocates
@@ -344,9 +369,9 @@ def test_a_gradient_hands_its_arrays_bytes_to_the_scratch_cap(monkeypatch):
     caps = {}
     real_chunk = chunks.Runner.chunk
 
-    def chunk(self, per_voxel_bytes, scratch=None):
+    def chunk(self, per_voxel_bytes, scratch=None, resident=None):
         caps[self.label] = self.scratch_cap_bytes
-        return real_chunk(self, per_voxel_bytes, scratch)
+        return real_chunk(self, per_voxel_bytes, scratch, resident)
 
     monkeypatch.setattr(chunks.Runner, "chunk", chunk)
     monkeypatch.setattr(_execution, "DEFAULT_SCRATCH_BYTES", 1)  # the arrays' bytes then decide

@@ -36,10 +36,13 @@ import torch
 from .. import _execution
 from .. import _native as nat
 
-__all__ = ["Runner", "Chunk", "PROGRESS_AFTER_S"]
+__all__ = ["Runner", "Chunk", "PROGRESS_AFTER_S", "WHOLE_WAVES"]
 
 #: Chunked work estimated to take longer than this shows a progress bar (when stderr is a terminal).
 PROGRESS_AFTER_S = 3.0
+
+#: Chunks in whole waves of their kernel (Runner._whole_waves); off only to measure what that buys.
+WHOLE_WAVES = True
 
 #: Below this many bytes a CUDA call is not planned against the free memory (asking costs a driver call):
 #: it runs whole, and the out-of-memory retry covers a card that is nearly full.
@@ -125,11 +128,14 @@ class Runner:
         """Nothing to plan: the whole call runs where its tensors are, on the host, without a budget."""
         return self.device == self.home and self.device.type == "cpu" and self.policy.budget_bytes is None
 
-    def chunk(self, per_voxel_bytes: int, scratch: Callable[[int], int] | None = None) -> int:
-        """Voxels per chunk: the largest c whose byte model fits the budget of a lane.
+    def chunk(self, per_voxel_bytes: int, scratch: Callable[[int], int] | None = None,
+              resident: Callable[[int], int] | None = None) -> int:
+        """Voxels per chunk: the largest c whose byte model fits the budget of a lane, in whole waves of the
+        pass's kernel where it holds one or more.
 
         `per_voxel_bytes`: bytes of the per-voxel arrays the pass touches, per voxel. `scratch(c)`: the
         library's scratch for c voxels (None on the host, whose scratch is per thread, not per voxel).
+        `resident(c)`: the voxels the kernel of a launch of c keeps on the card at once (0: not known).
         """
         V = self.total
 
@@ -169,8 +175,25 @@ class Runner:
         align = _CUDA_ALIGN if self.device.type == "cuda" else _HOST_BLOCK
         if lo >= align:
             lo -= lo % align
+        waves = self._whole_waves(lo, align, resident) if WHOLE_WAVES and resident is not None else 0
+        if waves:
+            return waves
         even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
         return min(lo, -(-even // align) * align) if lo >= align else even
+
+    @staticmethod
+    def _whole_waves(lo: int, align: int, resident: Callable[[int], int]) -> int:
+        """The chunk of at most `lo` voxels in whole waves of its kernel (0: none, the kernel keeps more than
+        `lo` resident or the library cannot tell). Every voxel of a launch steps the whole train in series,
+        so a launch of 1.6 waves takes as long as two: chunks of 1,584 voxels where the kernel keeps 1,584
+        resident, not 2,500. Each stays aligned, less than a block short of its waves, and is kept only
+        where its own launch takes the same kernel (the mapping may change with the launch's size)."""
+        wave = resident(lo)
+        if wave <= 0 or wave > lo:
+            return 0
+        whole = lo // wave * wave
+        whole -= whole % align
+        return whole if whole and resident(whole) == wave else 0
 
     def scratch_over_cap(self, whole_scratch: int) -> bool:
         """Whether a whole call with `whole_scratch` bytes of device scratch is cut for it: on a card, without a
@@ -356,24 +379,37 @@ def scratch_query(device: torch.device, entry_index: int, args,
     """scratch(c, stride): the library's scratch bytes for c voxels of the pass `args` describes at a checkpoint
     stride, with the replay slots `slots_at(stride)` (CUDA only; None on the host, whose scratch is per
     thread)."""
+    return _pass_query(device, "bs_epg_scratch_bytes", entry_index, args, slots_at)
+
+
+def resident_query(device: torch.device, entry_index: int, args,
+                   slots_at: Callable[[int], int] = lambda stride: 0) -> Callable[[int, int], int] | None:
+    """resident(c, stride): the voxels the kernel of a launch of c voxels of that pass keeps on the card at once
+    (0: the library cannot tell; CUDA only, None on the host)."""
+    return _pass_query(device, "bs_epg_resident_voxels", entry_index, args, slots_at)
+
+
+def _pass_query(device: torch.device, name: str, entry_index: int, args,
+                slots_at: Callable[[int], int]) -> Callable[[int, int], int] | None:
+    """query(c, stride): the CUDA library's `name`(pass, args) with c voxels at a checkpoint stride, cached."""
     if device.type != "cuda":
         return None
     lib = nat.cuda_library()
     cache = {}
 
-    def scratch(c: int, stride: int) -> int:
+    def query(c: int, stride: int) -> int:
         key = (c, stride)
         if key not in cache:
             args.tissue.num_voxels = c
             args.program.checkpoint_stride = stride
             args.program.checkpoint_slots = slots_at(stride)
-            need = lib.bs_epg_scratch_bytes(entry_index, ctypes.byref(args))
-            if need < 0:
-                nat.check_status(lib, 1, "bs_epg_scratch_bytes")
-            cache[key] = int(need)
+            answer = getattr(lib, name)(entry_index, ctypes.byref(args))
+            if answer < 0:
+                nat.check_status(lib, 1, name)
+            cache[key] = int(answer)
         return cache[key]
 
-    return scratch
+    return query
 
 
 def least_scratch_stride(events: int, stride: int, scratch_at: Callable[[int], int]) -> int:

@@ -312,11 +312,12 @@ class _Placed:
             # here, where a plan is made: the host's whole calls plan nothing).
             runner.scratch_cap_bytes = _execution.default_scratch_bytes(entry, per_voxel * st.num_voxels,
                                                                         pool_tables=st.interval is not None)
-            scratch = None
+            scratch = resident = None
             if device.type == "cuda" and query_args is not None:
-                query = chunks.scratch_query(device, _PASSES[entry], query_args(st), self.slots_at)
-                scratch = query  # (c, stride) -> bytes
-            self.chunk = self._plan(st, entry, per_voxel, scratch)
+                args = query_args(st)
+                scratch = chunks.scratch_query(device, _PASSES[entry], args, self.slots_at)  # (c, stride) -> bytes
+                resident = chunks.resident_query(device, _PASSES[entry], args, self.slots_at)  # -> voxels
+            self.chunk = self._plan(st, entry, per_voxel, scratch, resident)
         if device == st.device:
             self.static = st
         else:
@@ -331,7 +332,7 @@ class _Placed:
         self.events = list(inputs[:NUM_EVENT_INPUTS]) if self.placed else \
             [None if x is None else runner.stage(x) for x in inputs[:NUM_EVENT_INPUTS]]
 
-    def _plan(self, st, entry, per_voxel, scratch) -> int:
+    def _plan(self, st, entry, per_voxel, scratch, resident=None) -> int:
         runner = self.runner
         if scratch is None:
             return runner.chunk(per_voxel)
@@ -345,12 +346,16 @@ class _Placed:
         # free memory, to be thrown away).
         if entry in _ADJOINTS and runner.scratch_over_cap(scratch(V, self.stride)):
             self.stride = least()
-        chunk = runner.chunk(per_voxel, lambda c: scratch(c, self.stride))
+
+        def at(stride: int) -> tuple:  # the library's scratch and resident voxels for c voxels at this stride
+            return (lambda c: scratch(c, stride)), (resident and (lambda c: resident(c, stride)))
+
+        chunk = runner.chunk(per_voxel, *at(self.stride))
         if entry in _ADJOINTS and chunk < V:
             stride = least()
             if stride != self.stride:
                 self.stride = stride
-                chunk = runner.chunk(per_voxel, lambda c: scratch(c, stride))
+                chunk = runner.chunk(per_voxel, *at(stride))
         return chunk
 
     def chunk_static(self, piece: chunks.Chunk) -> Static:

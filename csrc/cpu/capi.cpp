@@ -53,4 +53,5 @@ int32_t bs_epg_vjp_jvp(const bs_epg_vjp_jvp_args* a) {
   return by_dtype(a, bs::vjp_jvp_entry<float>, bs::vjp_jvp_entry<double>);
 }
 int64_t bs_epg_scratch_bytes(int32_t, const void*) { return 0; }
+int64_t bs_epg_resident_voxels(int32_t, const void*) { return 0; }
 }

@@ -12,7 +12,7 @@
 namespace bs {
 
 // What the CUDA 12 package's launchers share (launch_plan.hpp says what a launcher provides).
-struct ThreadKernels {
+struct ThreadKernels : ResidencyQuery {
   static constexpr bool kWarpKernels = false;
   // bs::DeviceEventGrad<N> is device code; params.hpp mirrors its bytes (kernels.cu checks).
   template <class N>

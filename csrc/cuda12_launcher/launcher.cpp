@@ -60,6 +60,9 @@ struct Driver {
   decltype(&::cuLibraryGetKernel) library_get_kernel = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
   decltype(&::cuKernelGetParamInfo) kernel_get_param_info = nullptr;  // R550+; null on older drivers
+  // For bs_epg_resident_voxels (ResidencyQuery); null where the driver lacks them (the answer is then 0).
+  decltype(&::cuKernelGetFunction) kernel_get_function = nullptr;
+  decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) occupancy = nullptr;
   CUlibrary library = nullptr;
 
   void check(CUresult status, const std::string& what) const {
@@ -85,6 +88,10 @@ struct Driver {
     sym(launch_kernel, BS12_STR(cuLaunchKernel));
     kernel_get_param_info =
         reinterpret_cast<decltype(kernel_get_param_info)>(dlsym(handle, BS12_STR(cuKernelGetParamInfo)));
+    kernel_get_function =
+        reinterpret_cast<decltype(kernel_get_function)>(dlsym(handle, BS12_STR(cuKernelGetFunction)));
+    occupancy = reinterpret_cast<decltype(occupancy)>(
+        dlsym(handle, BS12_STR(cuOccupancyMaxActiveBlocksPerMultiprocessor)));
     check(library_load_data(&library, bs12_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0),
           "loading the blochsim CUDA 12 kernels (machine code for sm_75, sm_80 and sm_90, PTX for compute_90)");
   }
@@ -127,13 +134,16 @@ struct DriverLauncher : ThreadKernels {
   cudaStream_t stream;
   explicit DriverLauncher(void* caller_stream) : stream(static_cast<cudaStream_t>(caller_stream)) {}
 
-  void zero(void* data, size_t bytes) const { check_cuda(cudaMemsetAsync(data, 0, bytes, stream), "memset"); }
+  void zero(void* data, size_t bytes) const {
+    if (!resident_voxels) check_cuda(cudaMemsetAsync(data, 0, bytes, stream), "memset");
+  }
 
   template <class Tag, class... A>
   void start(Tag tag, const LaunchShape& shape, A... args) const {
     const std::string expression = kernel_expression(tag);
     const Driver& d = driver();
     const CUfunction kernel = find_kernel(d, expression, {sizeof(A)...});
+    if (resident_voxels) return resident(d, kernel, shape);
     // A CUkernel runs in the stream's context, or for the null stream in the thread's current one: make
     // sure the runtime has bound its (torch's) primary context to this thread, as <<<>>> would.
     if (!stream) {
@@ -149,6 +159,20 @@ struct DriverLauncher : ThreadKernels {
     d.check(d.launch_kernel(kernel, shape.grid, 1, 1, shape.block, 1, 1, shape.shared_bytes,
                             reinterpret_cast<CUstream>(stream), params, nullptr),
             "kernel launch " + expression);
+  }
+
+  // The voxels a launch of `kernel` on `shape` keeps on the current device at once (ResidencyQuery), in the
+  // current context (the caller's: torch has made it current where it asks).
+  void resident(const Driver& d, CUfunction kernel, const LaunchShape& shape) const {
+    if (!shape.voxels_per_block || !d.kernel_get_function || !d.occupancy) return;
+    CUfunction function = nullptr;
+    int blocks = 0, device = 0, processors = 0;
+    d.check(d.kernel_get_function(&function, reinterpret_cast<CUkernel>(kernel)), "cuKernelGetFunction");
+    d.check(d.occupancy(&blocks, function, static_cast<int>(shape.block), shape.shared_bytes),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    *resident_voxels = int64_t(blocks) * processors * shape.voxels_per_block;
   }
 };
 

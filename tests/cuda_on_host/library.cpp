@@ -11,12 +11,17 @@
 #include "epg_device.cuh"
 
 namespace bs {
-struct HostGridLauncher {
+struct HostGridLauncher : ResidencyQuery {
   static constexpr bool kWarpKernels = true;
   template <class N>
   using EventGrad = DeviceEventGrad<N>;
+  // Asked where a launch runs (ResidencyQuery), this launcher answers as a card that keeps this many blocks of
+  // any kernel resident: the tests hold each mapping's voxels a block against it.
+  static constexpr int64_t kResidentBlocks = 16;
   explicit HostGridLauncher(void*) {}
-  void zero(void* data, size_t bytes) const { std::memset(data, 0, bytes); }
+  void zero(void* data, size_t bytes) const {
+    if (!resident_voxels) std::memset(data, 0, bytes);
+  }
   // The adjoint kernels declare no shared memory: their blocks run at once; every other kernel's one at a time.
   template <class Tag>
   static bool blocks_at_once() {
@@ -25,6 +30,10 @@ struct HostGridLauncher {
 #define BS_KERNEL(tag, kernel, what, params, args)                                                   \
   template <BS_UNPAREN params, class... A>                                                           \
   void start(tag<BS_UNPAREN args>, const LaunchShape& shape, const A&... arguments) const {           \
+    if (resident_voxels) {                                                                           \
+      if (shape.voxels_per_block) *resident_voxels = kResidentBlocks * shape.voxels_per_block;        \
+      return;                                                                                        \
+    }                                                                                                \
     cuda_on_host::run_grid(shape.grid, shape.block, blocks_at_once<tag<BS_UNPAREN args>>(),          \
                            [&] { kernel<BS_UNPAREN args>(arguments...); });                           \
   }

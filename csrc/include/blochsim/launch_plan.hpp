@@ -30,19 +30,32 @@ namespace bs {
   };
 #include "blochsim/launch_table.def"
 
-// Grid and block of a one-dimensional launch, and its dynamic shared memory (none: the kernels declare theirs).
+// Grid and block of a one-dimensional launch, its dynamic shared memory (none: the kernels declare theirs),
+// and the voxels a block holds (0: a kernel over events, not voxels).
 struct LaunchShape {
   unsigned grid, block, shared_bytes;
+  unsigned voxels_per_block;
 };
 // A thread per voxel (launch_rules.hpp threads_for).
 inline LaunchShape thread_shape(int64_t V) {
-  return {static_cast<unsigned>(blocks_for(V)), static_cast<unsigned>(threads_for(V)), 0};
+  const auto threads = static_cast<unsigned>(threads_for(V));
+  return {static_cast<unsigned>(blocks_for(V)), threads, 0, threads};
 }
 // `lanes` per voxel (a warp, or a group of 4 or 8), in blocks of 128 threads (launch_rules.hpp
 // adjoint_threads counts them for the adjoints' scratch).
 inline LaunchShape lanes_shape(int64_t V, int lanes) {
-  return {static_cast<unsigned>((V * lanes + 127) / 128), 128, 0};
+  return {static_cast<unsigned>((V * lanes + 127) / 128), 128, 0, static_cast<unsigned>(128 / lanes)};
 }
+
+// A launcher asked where a pass would run instead of running it (the C ABI's bs_epg_resident_voxels): with
+// `resident_voxels` set, start() writes there the voxels a launch of that kernel keeps on the device at once
+// (the blocks a multiprocessor keeps resident, times the multiprocessors, times the shape's voxels a block;
+// 0 where the launcher cannot tell) and starts nothing, and zero() zeroes nothing. A pass starts its voxels'
+// kernel last, after any kernel over its events (whose shapes hold no voxels and leave the answer as it is),
+// so the answer is that kernel's: a launch of more voxels runs in waves of this many.
+struct ResidencyQuery {
+  int64_t* resident_voxels = nullptr;
+};
 
 // ---- forward and JVP ------------------------------------------------------------------------------------
 // The value forward with the pool counts fixed at compile time (launch_rules.hpp with_fixed_pools), groups
@@ -136,10 +149,10 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
       blocks = pair_blocks > blocks ? pair_blocks : blocks;
     }
     if (chunks > 0)  // a block of kBlockEvents threads per chunk
-      launcher.start(DecodeEvents<N, S>(), LaunchShape{static_cast<unsigned>(blocks), kBlockEvents, 0}, pb, table,
+      launcher.start(DecodeEvents<N, S>(), LaunchShape{static_cast<unsigned>(blocks), kBlockEvents, 0, 0}, pb, table,
                      pairs);
     if (chunks > 1)  // a thread per boundary between chunks
-      launcher.start(JoinChunks<N>(), LaunchShape{static_cast<unsigned>((chunks - 1 + 127) / 128), 128, 0}, table,
+      launcher.start(JoinChunks<N>(), LaunchShape{static_cast<unsigned>((chunks - 1 + 127) / 128), 128, 0, 0}, table,
                      chunks);
     pb.events = table;
   }
