@@ -109,7 +109,7 @@ def test_chunks_in_whole_waves_of_the_kernel(monkeypatch):
     cut = [(label, c, wave) for label, c, wave in planned if c < n]
     assert cut and all(wave is not None and wave > 0 and wave % processors == 0 for _, c, wave in cut), planned
     assert all(wave > c or -c % wave < 128 for _, c, wave in cut), planned
-    assert any(c >= wave for _, c, wave in cut), planned  # a chunk of a wave or more: the rule was asked
+    assert any(c > wave - 128 for _, c, wave in cut), planned  # a wave or more, less a block: the rule cut it
     monkeypatch.setattr(chunks, "WHOLE_WAVES", False)
     assert rel_max_err(waves, gradient()) <= 1e-5
 

@@ -139,10 +139,12 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
   if (fixed_pools<N>(pb)) return 4;
   if (V <= 3000) return 32;
-  // As the value forward's. H100, the Jacobian alone (benchmarks/results/mapping/jacobian-H100-2026-12-05-s15.txt),
-  // ms, these rules / groups of 8 / of 4: 20k 10.6-10.9 / 10.4-10.5 / 10.8-10.9, 200k 94.8-95.4 / 95.5-95.6 /
-  // 94.8-95.2, level (a thread per voxel took 13.7 and 140); at 2k a warp 1.69-2.06, groups of 8 1.65-1.89.
-  if (jvp_groups<N, S>(pb)) return V <= 5000 ? 8 : 4;
+  // Groups of 8 at every size, 4 orders a lane, their dual states in registers (forward_warp_kernel makes the
+  // lane's state with a literal order count). H100, the Jacobian alone, ms, groups whose states ptxas kept in
+  // a local array (8 to 5,000 voxels, 4 above) / in registers: 20k 10.66-10.72 / 3.89, 200k 92.6-92.9 /
+  // 34.7-34.8 (benchmarks/results/mapping/jacobian-H100-2026-12-05-s16.txt; a thread per voxel took 13.7
+  // and 140 in the 15th session's record, ...-s15.txt).
+  if (jvp_groups<N, S>(pb)) return 8;
   if (!groups) return V <= (pb.tabulated ? 20000 : !std::is_same<N, S>::value ? 10000 : 3000) ? 32 : 1;
   // Real path: a thread past 6k voxels, where it holds its states in registers (plain_orders).
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
