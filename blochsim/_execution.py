@@ -27,7 +27,8 @@ __all__ = ["ExecutionPolicy", "execution", "offload", "distribute", "active", "a
            "default_scratch_bytes", "cuda_free_bytes"]
 
 #: Without `budget_bytes`, the device scratch of one kernel call (the adjoint's checkpoints) is held to this
-#: many bytes, chunking the voxels above it: the peak allocation of a gradient then stays near that of its
+#: many bytes (or up to a third more where that fills one wave of its kernel: engine.chunks), chunking the
+#: voxels above it: the peak allocation of a gradient then stays near that of its
 #: inputs, outputs and torch's own backward of the loss. Measured on the H200 (2026-12-04, api_cases.py
 #: --scratch-mib 64 / 96 / 128 / 192): with 128 MiB for first-order passes and 96 MiB for the second-order
 #: pass every gradient and HVP case peaks under the incumbent's allocation (pooledb_hvp 20k: 367 MiB at 96,

@@ -140,8 +140,10 @@ def test_peak_memory_under_a_budget():
     # The default holds an adjoint's scratch to the larger of 128 MiB and twice its own arrays' bytes (the
     # cotangent, one signal, and per-voxel tissue and gradients well under another).
     default_cap = _execution.default_scratch_bytes("bs_epg_vjp", 2 * signal_bytes)
+    # (A chunk the default cap holds to most of a wave of its kernel may take the wave, its scratch up to a
+    # third over the cap: chunks.Runner._one_wave.)
     for budget, policy in ((128 * 2**20, blochsim.execution(budget_bytes=128 * 2**20)),
-                           (default_cap, blochsim.execution())):
+                           (default_cap * 4 // 3, blochsim.execution())):
         grad, extra = gradient(policy)
         # 3 signal-sized arrays of torch's loss backward, plus 2 MiB of allocator rounding per array.
         assert extra <= budget + 3 * signal_bytes + 8 * 2**20, (budget, extra)

@@ -322,6 +322,32 @@ def test_chunks_are_cut_in_whole_waves_of_their_kernel(monkeypatch):
     assert planned(lambda c: 1_584) == cut
 
 
+def test_a_chunk_under_the_scratch_cap_is_stretched_to_one_wave(monkeypatch):
+    """Without a budget, a chunk the scratch cap holds to most of a wave (about 9,900 voxels of a kernel that
+    keeps 12,000 resident) takes the whole wave, its scratch up to a third over the cap (11,904: aligned to blocks),
+    or the whole call where it is under a wave; not where the wave needs more than that (14,000), where the
+    larger launch takes another kernel, under a budget the caller gave, nor for a pass that does not ask.
+    The device is a name here."""
+    monkeypatch.setattr(_execution, "cuda_free_bytes", lambda device: 80 * 2**30)
+    card, cap = torch.device("cuda", 0), _execution.DEFAULT_SCRATCH_BYTES
+
+    def planned(V, resident, budget=None):
+        with blochsim.execution(budget_bytes=budget):
+            runner = chunks.Runner(card, V, "test")
+            return runner.chunk(64, lambda c: cap * c // 10_000, resident, fill_wave=True)
+
+    base = planned(1_000_000, None)  # the cap's chunk: about 10,000 voxels
+    assert 9_800 <= base <= 10_000 and base % 128 == 0
+    assert planned(1_000_000, lambda c: 12_000) == 11_904
+    assert planned(11_000, lambda c: 12_000) == 11_000  # under a wave: whole
+    assert planned(1_000_000, lambda c: 14_000) == base
+    assert planned(1_000_000, lambda c: 12_000 if c < 10_000 else 20_000) == base
+    budget = cap + 64 * 10_000  # the same chunk, from a budget: never stretched
+    assert planned(1_000_000, lambda c: 12_000, budget=budget) <= 10_000
+    with blochsim.execution():  # a pass that does not ask (the second order alone does: kernels._Placed)
+        assert chunks.Runner(card, 1_000_000, "test").chunk(64, lambda c: cap * c // 10_000, lambda c: 12_000) == base
+
+
 def test_a_call_on_its_own_card_reads_free_memory_only_past_its_scratch_cap(monkeypatch):
     """Without a budget, a call whose tensors are on the card it runs on runs whole, asking the driver nothing,
     while its scratch is under the cap, however large its arrays (already allocated; a whole call allocates

@@ -129,9 +129,10 @@ class Runner:
         return self.device == self.home and self.device.type == "cpu" and self.policy.budget_bytes is None
 
     def chunk(self, per_voxel_bytes: int, scratch: Callable[[int], int] | None = None,
-              resident: Callable[[int], int] | None = None) -> int:
+              resident: Callable[[int], int] | None = None, fill_wave: bool = False) -> int:
         """Voxels per chunk: the largest c whose byte model fits the budget of a lane, in whole waves of the
-        pass's kernel where it holds one or more.
+        pass's kernel where it holds one or more, or with `fill_wave` one wave where the scratch cap allows
+        most of one.
 
         `per_voxel_bytes`: bytes of the per-voxel arrays the pass touches, per voxel. `scratch(c)`: the
         library's scratch for c voxels (None on the host, whose scratch is per thread, not per voxel).
@@ -175,9 +176,15 @@ class Runner:
         align = _CUDA_ALIGN if self.device.type == "cuda" else _HOST_BLOCK
         if lo >= align:
             lo -= lo % align
-        waves = self._whole_waves(lo, align, resident) if WHOLE_WAVES and resident is not None else 0
-        if waves:
-            return waves
+        if WHOLE_WAVES and resident is not None:
+            # Over the scratch cap (not a budget the caller gave) by up to a third, to fill one wave.
+            def stretch_fits(c: int) -> bool:
+                return scratch_cap is not None and model(c) <= budget and scratch(c) <= scratch_cap * 4 // 3
+
+            waves = self._whole_waves(lo, align, resident) or \
+                (fill_wave and self._one_wave(lo, V, align, resident, stretch_fits))
+            if waves:
+                return waves
         even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
         return min(lo, -(-even // align) * align) if lo >= align else even
 
@@ -194,6 +201,24 @@ class Runner:
         whole = lo // wave * wave
         whole -= whole % align
         return whole if whole and resident(whole) == wave else 0
+
+    @staticmethod
+    def _one_wave(lo: int, V: int, align: int, resident: Callable[[int], int], stretch_fits: Callable[[int], bool]) -> int:
+        """A chunk of one wave where the scratch cap allows `lo`, under one (0: none). A launch of 0.9 of a wave
+        of the second order takes as long as a whole one, so the pooled HVP's 10,000 voxel passes at 5k in
+        chunks of 896 (its second order keeps 1,056 resident) took 12 launches where 10 do. The wave, or the
+        call's voxels where fewer, is taken where `stretch_fits` it (the cap stretched by a third at most: the
+        scratch, and the peak, grow by up to a third of the cap) and its launch takes the same kernel.
+        H100, alternated (benchmarks/results/mapping/api_cases-*-s16s-*), ms: real HVP 20k 34.3-34.6 ->
+        30.7-30.8 (chunks of 6,784 -> 8,448), pooled HVP 5k 18.4-19.2 -> 16.2-16.9, 20k 66.0-66.1 ->
+        59.1-60.0. Only the second order asks it (`fill_wave`): the complex JVP at 20k, a thread per voxel
+        with its states in device scratch, ran whole where it ran as two launches of 10,112 and took 18 ms
+        longer (the HVP 277.6 against 258.8): a kernel bound by its scratch's traffic has no waves to fill."""
+        wave = resident(lo)
+        if wave <= lo:
+            return 0
+        c = V if V <= wave else wave - wave % align
+        return c if c > lo and stretch_fits(c) and resident(c) == wave else 0
 
     def scratch_over_cap(self, whole_scratch: int) -> bool:
         """Whether a whole call with `whole_scratch` bytes of device scratch is cut for it: on a card, without a

@@ -350,12 +350,13 @@ class _Placed:
         def at(stride: int) -> tuple:  # the library's scratch and resident voxels for c voxels at this stride
             return (lambda c: scratch(c, stride)), (resident and (lambda c: resident(c, stride)))
 
-        chunk = runner.chunk(per_voxel, *at(self.stride))
+        fill_wave = entry == "bs_epg_vjp_jvp"  # (chunks.Runner._one_wave says why the second order alone)
+        chunk = runner.chunk(per_voxel, *at(self.stride), fill_wave=fill_wave)
         if entry in _ADJOINTS and chunk < V:
             stride = least()
             if stride != self.stride:
                 self.stride = stride
-                chunk = runner.chunk(per_voxel, *at(stride))
+                chunk = runner.chunk(per_voxel, *at(stride), fill_wave=fill_wave)
         return chunk
 
     def chunk_static(self, piece: chunks.Chunk) -> Static:
