@@ -72,7 +72,7 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
         real(st, entry, args)
 
     monkeypatch.setattr(K, "_call", recording)
-    monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None, resident=None: 256)
+    monkeypatch.setattr(chunks.Runner, "chunk", lambda self, per_voxel, scratch=None, resident=None, fill_wave=False: 256)
     chunked = _all_passes(kind, 2000)
     # 8 chunks each: the forward, the VJP, the HVP's VJP-JVP and the VJP its cotangent's derivative takes, the JVP.
     assert calls and max(calls) == 256 and len(calls) >= 5 * 8
@@ -89,8 +89,8 @@ def test_chunks_in_whole_waves_of_the_kernel(monkeypatch):
     planned = []
     real_chunk = chunks.Runner.chunk
 
-    def chunk(self, per_voxel_bytes, scratch=None, resident=None):
-        c = real_chunk(self, per_voxel_bytes, scratch, resident)
+    def chunk(self, per_voxel_bytes, scratch=None, resident=None, fill_wave=False):
+        c = real_chunk(self, per_voxel_bytes, scratch, resident, fill_wave)
         planned.append((self.label, c, resident(c) if resident else None))
         return c
 

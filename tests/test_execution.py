@@ -395,9 +395,9 @@ def test_a_gradient_hands_its_arrays_bytes_to_the_scratch_cap(monkeypatch):
     caps = {}
     real_chunk = chunks.Runner.chunk
 
-    def chunk(self, per_voxel_bytes, scratch=None, resident=None):
+    def chunk(self, per_voxel_bytes, scratch=None, resident=None, fill_wave=False):
         caps[self.label] = self.scratch_cap_bytes
-        return real_chunk(self, per_voxel_bytes, scratch, resident)
+        return real_chunk(self, per_voxel_bytes, scratch, resident, fill_wave)
 
     monkeypatch.setattr(chunks.Runner, "chunk", chunk)
     monkeypatch.setattr(_execution, "DEFAULT_SCRATCH_BYTES", 1)  # the arrays' bytes then decide
