@@ -203,7 +203,8 @@ class Runner:
         return whole if whole and resident(whole) == wave else 0
 
     @staticmethod
-    def _one_wave(lo: int, V: int, align: int, resident: Callable[[int], int], stretch_fits: Callable[[int], bool]) -> int:
+    def _one_wave(lo: int, V: int, align: int, resident: Callable[[int], int],
+                  stretch_fits: Callable[[int], bool]) -> int:
         """A chunk of one wave where the scratch cap allows `lo`, under one (0: none). A launch of 0.9 of a wave
         of the second order takes as long as a whole one, so the pooled HVP's 10,000 voxel passes at 5k in
         chunks of 896 (its second order keeps 1,056 resident) took 12 launches where 10 do. The wave, or the
