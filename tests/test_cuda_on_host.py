@@ -132,7 +132,7 @@ def on_both(card, run):
 
 
 # ---- the cases of the GPU suite (tests/test_cuda.py), at fewer voxels ------------------------------------------
-from test_cuda import CASES, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
+from test_cuda import CASES, POOLS, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
 
 #: Voxels per case: padding groups for groups of lanes and a part of a warp for a thread per voxel (the
 #: register kernel's cases take a whole warp and a part of one: WARP_AND_PART).
@@ -373,6 +373,47 @@ def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_
         monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", plain_mapping)
     host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
     assert_plain_close(emulated, host)
+
+
+@pytest.mark.parametrize(("pools", "states"), (("poolb+mt", 10), ("poolb+mt", 32), ("poolb", 32), ("mt", 20)))
+def test_the_fixed_pool_group_adjoint_matches_host(card, card_library, monkeypatch, pools, states):
+    """The real float adjoint with its pool counts compiled in groups of 8 lanes (BLOCHSIM_CUDA_ADJOINT_LANES=8:
+    vjp_warp_kernel<float, float, 4, layout, 8>, 4 orders a lane, a warp carrying 4 voxels of 9, the last
+    warp's padding groups writing nothing): gradients along the flips and every pool parameter, the saturation
+    table's cotangent summed over each group (add_table) where a semisolid pool has one, and the pool tables'
+    own cotangents summed over the group once."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "8")
+    card_library.bs_epg_resident_voxels.restype = ctypes.c_int64
+    inner, resident = kernels._call, set()
+
+    def call(st, entry, args):  # the adjoint's launch holds 16 voxels a block: groups of 8 lanes
+        if entry == "bs_epg_vjp":
+            resident.add(card_library.bs_epg_resident_voxels(kernels._PASSES[entry], ctypes.byref(args)))
+        return inner(st, entry, args)
+
+    monkeypatch.setattr(kernels, "_call", call)
+
+    def run():
+        flips, phases = train(n=DERIVATIVE_EVENTS)
+        flips = flips.requires_grad_()
+        d = mrf_description(flips, 0.01, phases_rad=phases)
+        t = tissue("cpu", pools, n=DERIVATIVE_VOXELS)
+        given = dict(t.items())  # the case's own properties, per voxel: the pool tables' cotangents
+        leaves = {name: torch.as_tensor(given[name]).expand(DERIVATIVE_VOXELS).clone().requires_grad_()
+                  for name in ("t1_ms", "t2_ms", *POOLS[pools])}
+        t = TissueProperties(**{**dict(t.items()), **leaves})
+        signal = engine.simulate(d, t, states=states, lineshape="gaussian")
+        grads = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, *leaves.values()], allow_unused=True)
+        return dict(zip(["flips", *leaves], grads, strict=True))
+
+    host, emulated = on_both(card, run)
+    assert resident == {16 * VOXELS_A_BLOCK["lanes8"]}, resident
+    assert sum(bool(g.abs().amax() > 0) for g in host.values() if g is not None) >= 5, host
+    for name, want in host.items():
+        got = emulated[name]
+        assert (got is None) == (want is None), name
+        if want is not None:  # (a pool parameter the signal does not depend on has a zero gradient on both)
+            assert (rel_max_err(got, want) < 1e-4 if bool(want.abs().amax() > 0) else bool((got == 0).all())), name
 
 
 @pytest.mark.skipif(not FULL, reason="FULL=1")

@@ -30,6 +30,13 @@ struct LanesSum {
   }
 };
 using WarpSum = LanesSum<32>;
+struct GroupSum {  // LanesSum over a run-time group of `lanes` (a power of 2, the same on every lane of the warp)
+  int lanes;
+  __device__ float operator()(float x) const {
+    for (int o = lanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+  }
+};
 struct FromLaneBelow {  // lane l gets lane l - 1's value (lane 0 of each group of `width` its own)
   int width = 32;
   __device__ float operator()(float x) const { return __shfl_up_sync(0xffffffffu, x, 1, width); }
@@ -65,7 +72,7 @@ struct DeviceEventGrad {
   R* out[4];      // dt [E], flip [E], phase [E], dt_wrap [1]
   R* out_tan[4];  // the same, tangents (second-order adjoint), or null
   bool active;    // false for the padding threads (or groups of lanes) of the last warp
-  bool voxel_warp = false;  // a warp per voxel (vjp_warp_kernel's 32 lanes), else a thread per voxel (add_table)
+  int voxel_lanes = 1;  // lanes a voxel: vjp_warp_kernel's 32 (a warp) or 8 (a group), else 1 (add_table)
   __device__ void add(int kind, int64_t e, const N& x) const {
     // Gradients not asked for cost no reduction (the same on every lane: the warp skips it together).
     bool wanted = out[kind] != nullptr;
@@ -80,14 +87,15 @@ struct DeviceEventGrad {
     }
   }
   // x, a lane's share of r[j], a table cotangent held once a voxel (table_grad_at: the saturation table's):
-  // a warp per voxel sums its lanes' shares and its first lane adds them; a thread per voxel adds its own.
+  // a warp or group per voxel sums its lanes' shares and its first lane adds them (every lane of the warp
+  // calls this at the same event: the train is the same for every voxel); a thread per voxel adds its own.
   __device__ void add_table(Ref<N> r, int64_t j, const N& x) const {
-    if (!voxel_warp) {
+    if (voxel_lanes == 1) {
       r[j] += x;
       return;
     }
-    const N y = warp_sum(x);
-    if ((threadIdx.x & 31) == 0 && active) r[j] += y;
+    const N y = each_float(x, GroupSum{voxel_lanes});
+    if ((threadIdx.x & (voxel_lanes - 1)) == 0 && active) r[j] += y;
   }
 };
 
@@ -776,7 +784,8 @@ template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                        DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
                                                        N* table_scratch) {
-  static_assert(LANES == 32 || LAYOUT == kModel0, "groups of lanes are compiled for pool model 0");
+  static_assert(LANES == 32 || LAYOUT == kModel0 || LAYOUT > kTables,
+                "groups of lanes are compiled for pool model 0 and the fixed pool layouts");
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t group = thread / LANES;
@@ -790,7 +799,7 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   apply_layout<LAYOUT>(pb);
   const int64_t K = pb_in.K;
   eg.active = active;
-  eg.voxel_warp = LANES == 32;
+  eg.voxel_lanes = LANES;
   io.base = v * pb.S;
   if (!active) io.signal = io.signal_tan = nullptr;
   const Voxel<N> t = load_voxel<N>(pb, v);

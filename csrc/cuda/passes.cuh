@@ -24,7 +24,7 @@ extern template void launch_forward_pools<Cx<float>, DeviceLauncher>(const Devic
 #define BS_VJP_POOLS(N, S)                                                                                   \
   void launch_vjp_pools<N, S, DeviceLauncher>(const DeviceLauncher&, const Problem<float>&, int64_t,          \
                                               const SampleIO<N>&, const DeviceEventGrad<N>&,                 \
-                                              const GradOut<float>&, S*, N*)
+                                              const GradOut<float>&, S*, N*, int)
 using Dual1 = Dual<float, 1>;
 extern template BS_VJP_POOLS(float, float);
 extern template BS_VJP_POOLS(float, Cx<float>);

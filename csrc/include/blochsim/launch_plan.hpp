@@ -176,14 +176,20 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
 // ---- adjoints (VJP, VJP-JVP) ----------------------------------------------------------------------------
 // The adjoint with the pool counts fixed at compile time, a warp per voxel (launch_rules.hpp
 // fixed_pool_warp: the first order, N = float, and the second, N = Dual<float, 1>; csrc/cuda/pools.cu and
-// pools_dual.cu).
+// pools_dual.cu), or the real first order in groups of 8 (fixed_pool_group_adjoint).
 template <class N, class S, class Launcher>
 void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<N>& io,
                       const typename Launcher::template EventGrad<N>& eg, const GradOut<float>& out, S* scratch,
-                      N* table_scratch) {
+                      N* table_scratch, int lanes) {
   const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
-    launcher.start(AdjointLanes<N, S, 1, decltype(layout)::value, 32>(), lanes_shape(V, 32), pb, V, io, eg,
-                   out, scratch, table_scratch);
+    constexpr int L = decltype(layout)::value;
+    if constexpr (std::is_same<N, float>::value && std::is_same<S, float>::value) {
+      if (lanes == 8) {
+        launcher.start(AdjointLanes<N, S, 4, L, 8>(), lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
+        return;
+      }
+    }
+    launcher.start(AdjointLanes<N, S, 1, L, 32>(), lanes_shape(V, 32), pb, V, io, eg, out, scratch, table_scratch);
   });
   if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pool_warp decides first
 }
@@ -235,6 +241,12 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         return;
       }
     }
+    if constexpr (std::is_same<N, float>::value) {
+      if (fixed_pool_group_adjoint<N, S>(pb, lanes)) {  // the fixed pools in groups of 8
+        launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch, lanes);
+        return;
+      }
+    }
     if (lanes == 8 || lanes == 4) {  // the general scheme in a group per voxel (pool model 0, up to 32 orders)
       const LaunchShape shape = lanes_shape(V, lanes);
       if (lanes == 8)
@@ -248,7 +260,7 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       const bool two = warp_orders_per_lane(pb.K) == 2;
       if constexpr (std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value) {
         if (fixed_pool_warp<N>(pb)) {
-          launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch);
+          launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch, 32);
           return;
         }
       }

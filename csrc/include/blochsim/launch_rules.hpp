@@ -106,7 +106,8 @@ inline int forced_mapping() {
   return -1;
 }
 // BLOCHSIM_CUDA_ADJOINT_LANES=4|8|16|32 forces the plain group adjoint's lanes per voxel where it applies
-// (plain_group_adjoint), leaving the forwards their own mapping. -1: not forced.
+// (plain_group_adjoint), and 8 the fixed-pool group adjoint (fixed_pool_group_adjoint), leaving the forwards
+// their own mapping. -1: not forced.
 inline int forced_adjoint_plain_lanes() {
   const char* forced = std::getenv("BLOCHSIM_CUDA_ADJOINT_LANES");
   if (!forced) return -1;
@@ -163,6 +164,14 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // With the pool counts fixed at compile time (float adjoint, up to 32 orders: pools.cu), warp/thread ms
 // (2026-12-03): pooled_grad 2k 4.56/39.3, 20k 26.8/83.4; pooled5_grad 2k 7.88/117, 20k 62.5/259: warp up to
 // 20,000 voxels (measured no further).
+// Whether an adjoint of `lanes` lanes per voxel takes the fixed-pool layout in a group (vjp_warp_kernel<float,
+// float, 4, layout, 8>: 4 orders a lane, a warp carrying 4 voxels, each lane its own table cotangents but the
+// saturation table's, which add_table sums over the group): the real float adjoint in groups of 8, where
+// BLOCHSIM_CUDA_ADJOINT_LANES=8 asks for it (not measured yet; the warp per voxel is the rule).
+template <class N, class S, class R>
+inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
+  return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
+}
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
@@ -230,7 +239,9 @@ template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
   const int plain_lanes = forced_adjoint_plain_lanes();
-  if (plain_lanes > 0 && plain_group_adjoint<N, S>(pb, plain_lanes)) return plain_lanes;
+  const bool forced_groups =
+      plain_group_adjoint<N, S>(pb, plain_lanes) || fixed_pool_group_adjoint<N, S>(pb, plain_lanes);
+  if (plain_lanes > 0 && forced_groups) return plain_lanes;
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
   if (forced >= 0) return forced;
