@@ -167,7 +167,9 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // Whether an adjoint of `lanes` lanes per voxel takes the fixed-pool layout in a group (vjp_warp_kernel<float,
 // float, 4, layout, 8>: 4 orders a lane, a warp carrying 4 voxels, each lane its own table cotangents but the
 // saturation table's, which add_table sums over the group): the real float adjoint in groups of 8, where
-// BLOCHSIM_CUDA_ADJOINT_LANES=8 asks for it (not measured yet; the warp per voxel is the rule).
+// BLOCHSIM_CUDA_ADJOINT_LANES=8 asks for it. H100, pools (2, 3), ms, the warp per voxel (126 registers) /
+// groups of 8 (240): pooled gradient 2k 2.40-2.74 / 2.59-2.94, 5k 4.65-5.40 / 4.36-4.43, 20k 13.3-14.0 /
+// 13.4-13.5; pools (4, 5) level (benchmarks/results/mapping/api_cases-*-s16g-*): the warp stays the rule.
 template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
   return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
