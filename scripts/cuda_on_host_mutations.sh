@@ -30,6 +30,6 @@ csrc/cuda/epg_device.cuh|s/for (int q = 0; q < kStaged; ++q, to += step) to\[0\]
 csrc/cuda/epg_device.cuh|s/  if (!folds_into(head.ev, first.ev)) return;/;/|folded_events and auto
 csrc/cuda/epg_device.cuh|s/  const int64_t k0 = int64_t(lane) \* KPL;/  const int64_t k0 = int64_t(LANES == 32 ? lane ^ 1 : lane) * KPL;/|plain_adjoint and plain32
 csrc/cuda/epg_device.cuh|/__device__ void add_table/,/^  }/ s/    const N y = each_float(x, GroupSum{voxel_lanes});/    const N y = x;/|saturation and warp
-csrc/cuda/epg_device.cuh|/^struct GroupSum/,/^};/ s/o > 0; o >>= 1/o > 1; o >>= 1/|fixed_pool_group and poolb
+csrc/cuda/epg_device.cuh|s/  eg.voxel_lanes = LANES;/  eg.voxel_lanes = 32;/|fixed_pool_group and poolb
 MUTATIONS
 exit $status

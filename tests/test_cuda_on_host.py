@@ -399,8 +399,12 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, card_library, monkeypat
         d = mrf_description(flips, 0.01, phases_rad=phases)
         t = tissue("cpu", pools, n=DERIVATIVE_VOXELS)
         given = dict(t.items())  # the case's own properties, per voxel: the pool tables' cotangents
+        names = ["t1_ms", "t2_ms", *POOLS[pools]]
+        if "bound_fraction" in names:  # the bound pool's T2 acts through the saturation table alone
+            given["t2_bound_ms"] = torch.linspace(0.008, 0.016, DERIVATIVE_VOXELS)
+            names.append("t2_bound_ms")
         leaves = {name: torch.as_tensor(given[name]).expand(DERIVATIVE_VOXELS).clone().requires_grad_()
-                  for name in ("t1_ms", "t2_ms", *POOLS[pools])}
+                  for name in names}
         t = TissueProperties(**{**dict(t.items()), **leaves})
         signal = engine.simulate(d, t, states=states, lineshape="gaussian")
         grads = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, *leaves.values()], allow_unused=True)
