@@ -349,8 +349,10 @@ def plain_results(train_name: str, b1: str, stride: int) -> dict:
     power = (signal.real.square() + signal.imag.square()).sum()
     gradient = torch.autograd.grad(power, list(leaves.values()), create_graph=True)
     directions = [torch.randn(d.shape, generator=g) for d in gradient]
-    hvp = torch.autograd.grad(sum((d * v).sum() for d, v in zip(gradient, directions)), list(leaves.values()))
-    return {**{("first", k): v for k, v in zip(leaves, first)}, **{("second", k): v for k, v in zip(leaves, hvp)}}
+    hvp = torch.autograd.grad(sum((d * v).sum() for d, v in zip(gradient, directions, strict=True)),
+                              list(leaves.values()))
+    return {**{("first", k): v for k, v in zip(leaves, first, strict=True)},
+            **{("second", k): v for k, v in zip(leaves, hvp, strict=True)}}
 
 
 def assert_plain_close(got: dict, want: dict) -> None:

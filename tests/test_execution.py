@@ -442,7 +442,7 @@ def test_an_adjoint_over_its_scratch_cap_takes_the_least_scratch_stride_before_r
     st = types.SimpleNamespace(num_voxels=0, num_events=events, num_repetitions=1)
     for V, whole in ((2000, True), (100_000, False)):
         st.num_voxels = V
-        stride = chunks.least_scratch_stride(events, 4, lambda s: scratch(V, s))
+        stride = chunks.least_scratch_stride(events, 4, lambda s, V=V: scratch(V, s))
         assert scratch(V, 4) > _execution.DEFAULT_SCRATCH_BYTES >= scratch(2000, stride)
         reads.clear()
         plan = types.SimpleNamespace(runner=chunks.Runner(torch.device("cuda", 0), V, "gradient"), stride=4)

@@ -543,7 +543,7 @@ def test_the_second_points_walk_is_silent():
 
         def layout(self, *, flip):
             if float(flip.detach().max()) > 60.0:
-                warnings.warn("a flip over 60 degrees", UserWarning)
+                warnings.warn("a flip over 60 degrees", UserWarning, stacklevel=2)
             return [self.operators.excitation(torch.deg2rad(a)) @ self.operators.readout(duration_s=0.01) for a in flip]
 
     sim = Warns()
