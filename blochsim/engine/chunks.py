@@ -181,21 +181,21 @@ class Runner:
             def stretch_fits(c: int) -> bool:
                 return scratch_cap is not None and model(c) <= budget and scratch(c) <= scratch_cap * 4 // 3
 
-            waves = self._whole_waves(lo, align, resident) or \
-                (fill_wave and self._one_wave(lo, V, align, resident, stretch_fits))
+            wave = resident(lo)  # the voxels the kernel of a launch of lo keeps on the card
+            waves = self._whole_waves(lo, align, wave, resident) or \
+                (fill_wave and self._one_wave(lo, V, align, wave, resident, stretch_fits))
             if waves:
                 return waves
         even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
         return min(lo, -(-even // align) * align) if lo >= align else even
 
     @staticmethod
-    def _whole_waves(lo: int, align: int, resident: Callable[[int], int]) -> int:
+    def _whole_waves(lo: int, align: int, wave: int, resident: Callable[[int], int]) -> int:
         """The chunk of at most `lo` voxels in whole waves of its kernel (0: none, the kernel keeps more than
         `lo` resident or the library cannot tell). Every voxel of a launch steps the whole train in series,
         so a launch of 1.6 waves takes as long as two: chunks of 1,584 voxels where the kernel keeps 1,584
         resident, not 2,500. Each stays aligned, less than a block short of its waves, and is kept only
         where its own launch takes the same kernel (the mapping may change with the launch's size)."""
-        wave = resident(lo)
         if wave <= 0 or wave > lo:
             return 0
         whole = lo // wave * wave
@@ -203,7 +203,7 @@ class Runner:
         return whole if whole and resident(whole) == wave else 0
 
     @staticmethod
-    def _one_wave(lo: int, V: int, align: int, resident: Callable[[int], int],
+    def _one_wave(lo: int, V: int, align: int, wave: int, resident: Callable[[int], int],
                   stretch_fits: Callable[[int], bool]) -> int:
         """A chunk of one wave where the scratch cap allows `lo`, under one (0: none). A launch of 0.9 of a wave
         of the second order takes as long as a whole one, so the pooled HVP's 10,000 voxel passes at 5k in
@@ -215,7 +215,6 @@ class Runner:
         59.1-60.0. Only the second order asks it (`fill_wave`): the complex JVP at 20k, a thread per voxel
         with its states in device scratch, ran whole where it ran as two launches of 10,112 and took 18 ms
         longer (the HVP 277.6 against 258.8): a kernel bound by its scratch's traffic has no waves to fill."""
-        wave = resident(lo)
         if wave <= lo:
             return 0
         c = V if V <= wave else wave - wave % align
