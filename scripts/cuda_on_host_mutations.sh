@@ -31,5 +31,7 @@ csrc/cuda/epg_device.cuh|s/  if (!folds_into(head.ev, first.ev)) return;/;/|fold
 csrc/cuda/epg_device.cuh|s/  const int64_t k0 = int64_t(lane) \* KPL;/  const int64_t k0 = int64_t(LANES == 32 ? lane ^ 1 : lane) * KPL;/|plain_adjoint and plain32
 csrc/cuda/epg_device.cuh|/__device__ void add_table/,/^  }/ s/    const N y = each_float(x, GroupSum{voxel_lanes});/    const N y = x;/|saturation and warp
 csrc/cuda/epg_device.cuh|s/  eg.voxel_lanes = LANES;/  eg.voxel_lanes = 32;/|fixed_pool_group and poolb
+csrc/include/blochsim/event_loop.hpp|s/  c.sa = r.sa;/  c.sa = -r.sa;/|plain_adjoint and auto
+csrc/include/blochsim/event_loop.hpp|s/    ev.dt = N(ev.wrap ? dt_wrap : held.dt);/    ev.dt = N(held.dt);/|plain_adjoint and auto
 MUTATIONS
 exit $status

@@ -161,13 +161,6 @@ __device__ __forceinline__ Ref<S> thread_scratch(S* scratch, int64_t thread, int
 // the block's warps then waited at its barriers a third of their cycles (ncu, H200, 2026-12-03). Tangent
 // types (JVP) load their events per voxel.
 
-template <class R>
-__device__ __forceinline__ bool uniform_pulse(const Problem<R>& pb) {
-  const Input<R>& b1 = pb.tissue[BS_B1];
-  const Input<R>& phase = pb.tissue[BS_B1_PHASE_RAD];
-  return (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0) && !per_voxel_pulses(pb);
-}
-
 // Whether event `next` can join the events folded into `head` (one step_forward then does both): it has
 // no interval, crusher ahead or pulse, `head` nothing after its sample, and at most one of them samples.
 // step_forward's order (interval, crusher, pulse, sample, what follows) is then that of the two events.
@@ -278,6 +271,15 @@ __global__ void join_chunks_kernel(BlockEvent<N>* table, int64_t chunks) {
   if (!folds_into(head.ev, first.ev)) return;
   fold_into(head, first);
   const_cast<int*>(event_starts(table, chunks))[c] = 1;
+}
+
+// Before a real plain adjoint in groups with its pulses uniform: the train's events decoded once for the
+// launch (event_loop.hpp PlainCode, plain_code), a thread an entry.
+template <class N, class R>
+__global__ void __launch_bounds__(128) decode_plain_events_kernel(const Problem<R> pb, PlainCode<N>* codes) {
+  static_assert(std::is_same<N, R>::value, "entries in the problem's reals");
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e <= pb.E) codes[e] = plain_code(pb, e);
 }
 
 // Chunk c of the launch's table (its `count` folded events from slot `start`) into shared memory at `to`,
@@ -770,14 +772,19 @@ __device__ __forceinline__ void write_group_tissue_gradients(const VoxelGrad<N>&
 
 // The complex adjoint a voxel a warp (one order a lane, pool model 0) is held to the 128 registers and four
 // blocks a multiprocessor it was measured at: its rotation adjoint from nine sums over the orders (epg.hpp)
-// asked ptxas for 149 (three blocks), and fits 128 without spilling. 0: no minimum, ptxas's own choice (as
-// with no second argument; an explicit 1 lets it take up to 255 registers, which it then does).
+// asked ptxas for 149 (three blocks), and fits 128 without spilling. Its second order (Cx<Dual<float, 1>>)
+// is held to three blocks: 168 registers and 408 bytes of spill stores against 255 and two blocks (1,584
+// voxels resident against 1,056 on an H100), and 13-14 % faster for it (H100, through the API, alternated:
+// complex HVP 5k 63.4-63.9 -> 55.5 ms, 20k 257.3-257.7 -> 222.1-222.3; peak at 5k 216.7 -> 276.7 MiB, the
+// incumbent's 410; benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-05-s17c-*). 0: no
+// minimum, ptxas's own choice (as with no second argument; an explicit 1 lets it take up to 255 registers,
+// which it then does).
 template <class N, class S, int KPL, int LAYOUT, int LANES>
 constexpr int adjoint_lanes_blocks_per_sm() {
-  return std::is_same<N, float>::value && std::is_same<S, Cx<float>>::value && KPL == 1 && LAYOUT == kModel0 &&
-                 LANES == 32
-             ? 4
-             : 0;
+  constexpr bool warp_of_model0 = KPL == 1 && LAYOUT == kModel0 && LANES == 32;
+  constexpr bool complex_first = std::is_same<N, float>::value && std::is_same<S, Cx<float>>::value;
+  constexpr bool complex_second = Num<N>::P == 1 && !std::is_same<N, S>::value;
+  return !warp_of_model0 ? 0 : complex_first ? 4 : complex_second ? 3 : 0;
 }
 
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
@@ -829,7 +836,9 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
 // orders come here (launch_rules.hpp plain_group_adjoint: no pool or pulse tables, so no table cotangents):
 // the first order (N = float), and the second (N = Dual<float, 1>: the VJP along one tangent, its sweep
 // writing the signal and its tangent where asked, on order 0's lane of each group with a voxel).
-template <class N, class S, int LANES, class R>
+// DECODED: the events as the launch decoded them (pb.plain_events, decode_plain_events_kernel; launch_rules.hpp
+// decoded_plain_events).
+template <class N, class S, int LANES, bool DECODED, class R>
 __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                               DeviceEventGrad<N> eg, GradOut<R> out, S* scratch) {
   static_assert(std::is_same<N, S>::value && Num<N>::P <= 1, "the real plain adjoints (plain_group_adjoint)");
@@ -851,9 +860,18 @@ __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> p
   const int64_t k0 = int64_t(lane) * KPL;
   VoxelGrad<N> g;
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL, true));  // as vjp_state_bytes
-  vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
-                        state_at(pb, states, 2, k0), store, io, g, eg, WarpShift{lane, KC, LANES, active},
-                        WarpShiftAdjoint{lane, KC, LANES});
+  const WarpShift shift{lane, KC, LANES, active};
+  const WarpShiftAdjoint shift_adjoint{lane, KC, LANES};
+  if constexpr (DECODED) {
+    const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
+    DecodedPlainEvents<N, R> events{{pb, t}, codes, codes[pb.E].dt, {}, {}};
+    vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
+                          state_at(pb, states, 2, k0), store, io, g, eg, events, shift, shift_adjoint);
+  } else {
+    PlainEvents<N, R> events{pb, t};
+    vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
+                          state_at(pb, states, 2, k0), store, io, g, eg, events, shift, shift_adjoint);
+  }
   const bool writer = lane == 0 && active;
   write_group_tissue_gradients<LANES>(g, t, out, v, writer);
 }

@@ -96,6 +96,10 @@ struct Problem {
   // The CUDA library's value forwards: the train's events decoded and folded once per launch, in device
   // memory (epg_device.cuh decode_events_kernel); null: each block decodes its own.
   const void* events = nullptr;
+  // The CUDA library's real plain adjoints in groups with the pulses uniform: the train's events decoded
+  // once per launch (event_loop.hpp PlainCode, epg_device.cuh decode_plain_events_kernel); null: each voxel
+  // loads and forms its own.
+  const void* plain_events = nullptr;
 };
 
 // Tissue of one voxel in kernel units (rates in 1/s).

@@ -724,31 +724,119 @@ BS_HD bool same_number(const Dual<R, P>& a, const Dual<R, P>& b) {
 // writes the signal; the backward, which needs it beside the event as well), else zero: the sweeps that
 // discard their samples or keep only the f0 they read form no sines for it: of the seven sines and cosines
 // an MRF TR formed over the three walks, four were turns, three of them read by nothing.
-template <class N, class R>
-struct PlainEvents {
-  const Problem<R>& pb;
-  const Voxel<N>& t;
-  N held_dt = N(-1);
-  Decay<N> decay{N(1), N(1)};
-  BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
-    return plain_event(
-        t, ev,
-        [&] {
-          if (!same_number(ev.dt, held_dt)) {
-            decay = make_decay(pb, t, ev.dt);
-            held_dt = ev.dt;
-          }
-          return decay;
-        },
-        [&] { return make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); }, [&] { return turn; });
-  }
-};
 // A sample's demodulation where it is read (PlainEvents::at's `turn`; plain_event's record: the last
 // repetition's samples only).
 template <class N>
 BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
   return read && ev.last_rep && ev.record >= 0 ? cis(-ev.phase) : Cx<N>();
 }
+// The walks of vjp_voxel_plain read an event as load(rep, e), then turn(ev, read) and at(ev, turn), each
+// walk naming its first event and then, at each load, the event it reads next (ahead(e): DecodedPlainEvents
+// reads it while the present one is stepped).
+template <class N, class R>
+struct PlainEvents {
+  const Problem<R>& pb;
+  const Voxel<N>& t;
+  N held_dt = N(-1);
+  Decay<N> decay{N(1), N(1)};
+  BS_HD const Decay<N>& decay_of(const N& dt) {
+    if (!same_number(dt, held_dt)) {
+      decay = make_decay(pb, t, dt);
+      held_dt = dt;
+    }
+    return decay;
+  }
+  BS_HD void ahead(int64_t) const {}
+  BS_HD EventValues<N> load(int64_t rep, int64_t e) const { return load_event<N>(pb, rep, e); }
+  BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const { return sample_turn(ev, read); }
+  BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
+    return plain_event(
+        t, ev, [&] { return decay_of(ev.dt); },
+        [&] { return make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); }, [&] { return turn; });
+  }
+};
+
+// The real plain path's events as every voxel of a launch reads them where its pulses are uniform
+// (pulses.hpp uniform_pulse): an event's values, its pulse's rotation and its sample's demodulation, decoded
+// once per launch (the CUDA library's plain adjoints in groups: epg_device.cuh decode_plain_events_kernel);
+// entry E holds the wrapped interval's length (dt_wrap). Where each voxel loaded and formed its own, an
+// event's loads (each array's presence and 64-bit index), sine and cosine were about 60 % of the 2k real
+// gradient's instructions (ncu, H100: 111 a lane, event and walk of 617 in all). 16-byte aligned: three
+// vector loads an entry.
+template <class R>
+struct alignas(16) PlainCode {
+  int32_t action, record;
+  R dt, flip, ca, sa, s2, half_sa, turn_re, turn_im;
+};
+template <class R>
+BS_HD int64_t plain_code_bytes(const Problem<R>& pb) {
+  return (pb.E + 1) * int64_t(sizeof(PlainCode<R>));
+}
+// Event e's entry as a voxel's own would form it (load_event, plain_event's rotation, sample_turn), or
+// e = E: the wrapped interval's.
+template <class R>
+BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
+  PlainCode<R> c{};
+  if (e == pb.E) {
+    c.dt = fetch<R>(pb.dt_wrap, 0);
+    return c;
+  }
+  const EventValues<R> ev = load_event<R>(pb, 0, e);  // repetition 0: dt, not dt_wrap
+  c.action = ev.action;
+  c.record = ev.record;
+  c.dt = ev.dt;
+  c.flip = ev.flip;
+  const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
+  const Rotation<R> r = make_rotation(ev.flip * b1, ev.phase + b1phase, false);
+  c.ca = r.ca;
+  c.sa = r.sa;
+  c.s2 = r.s2;
+  c.half_sa = r.half_sa;
+  const Cx<R> turn = cis(-ev.phase);
+  c.turn_re = turn.re;
+  c.turn_im = turn.im;
+  return c;
+}
+// PlainEvents over the decoded entries (`codes`, as the voxel's own: the event's phase, read only through its
+// demodulation, is left 0). The entry a walk reads next is read while the present event is stepped: read
+// where it was used, its load's latency stood in every event's chain (ncu, H100, the 2k real gradient in
+// groups of 8: a third of the warps' stall samples on the entry's loads, at four warps a multiprocessor).
+template <class N, class R>
+struct DecodedPlainEvents : PlainEvents<N, R> {
+  const PlainCode<R>* codes;
+  R dt_wrap;
+  PlainCode<R> next, held;  // the entry ahead() named; the one load() read
+  BS_HD void ahead(int64_t e) { next = codes[e]; }
+  BS_HD EventValues<N> load(int64_t rep, int64_t e) {
+    held = next;
+    EventValues<N> ev;
+    ev.e = e;
+    ev.action = held.action;
+    ev.record = held.record;
+    ev.last_rep = rep == this->pb.reps - 1;
+    ev.wrap = e == 0 && rep > 0;
+    ev.dt = N(ev.wrap ? dt_wrap : held.dt);
+    ev.flip = N(held.flip);
+    ev.phase = N(0);
+    return ev;
+  }
+  BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const {
+    return read && ev.last_rep && ev.record >= 0 ? Cx<N>(N(held.turn_re), N(held.turn_im)) : Cx<N>();
+  }
+  BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
+    return plain_event(
+        this->t, ev, [&] { return this->decay_of(ev.dt); },
+        [&] {
+          Rotation<N> r;
+          r.ca = N(held.ca);
+          r.sa = N(held.sa);
+          r.s2 = N(held.s2);
+          r.half_sa = N(held.half_sa);
+          return r;
+        },
+        [&] { return turn; });
+  }
+};
 
 // The stretch the plain adjoint replays at most (its deferrals and slot indices are the voxel's own arrays).
 constexpr int64_t kPlainMaxStride = 64;
@@ -780,9 +868,11 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
 // over its orders (pb.K of them from k0), keeps a store of its own over them, and adds its share of g and
 // eg (step_adjoint_plain). Its states fit its registers through the replay: lambda stays there, and tmp
 // (not l_kept's slot) takes the backward's shifted input.
-template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
+// `events`: where the walks read the events (PlainEvents, or DecodedPlainEvents where a launch decoded them).
+template <class N, class S, class R, class EG, class Events, class Shift = LocalShift,
+          class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, State<S> x, State<S> tmp, State<S> l,
-                           Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg,
+                           Ref<S> store, const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg, Events& events,
                            const Shift& shift = Shift(), const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   const int64_t n = pb.E * pb.reps, stride = pb.stride, checkpoints = checkpoint_count(pb);
   const int64_t slots = replay_slots(pb, true);
@@ -790,12 +880,12 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, slots + c); };
   const Ref<S> deferral_at = store + state_size(pb) * (slots + checkpoints);
   const State<S> l_kept = state_at(pb, store, slots + checkpoints + deferral_states(pb));
-  PlainEvents<N, R> events{pb, t};
   const DiscardSamples discard;
   Deferral defer;
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along: a 64-bit division per event (load_event's i / E) is
   // about 70 instructions on the card.
+  events.ahead(0);
   for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
     if (left == 0) {
       copy_state(checkpoint(c), x);
@@ -803,12 +893,13 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       left = stride;
     }
     --left;
-    const EventValues<N> ev = load_event<N>(pb, rep, e);
-    const PlainEvent<N> pe = events.at(ev, sample_turn(ev, io.signal != nullptr));
+    const EventValues<N> ev = events.load(rep, e);
     if (++e == pb.E) {
       e = 0;
       ++rep;
     }
+    events.ahead(e);
+    const PlainEvent<N> pe = events.at(ev, events.turn(ev, io.signal != nullptr));
     if (io.signal)
       step_forward_plain(pe, x, tmp, &io, defer, shift);
     else
@@ -825,12 +916,15 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
     int last = -1;
     bool written = true;  // x differs from every slot
     const int64_t rep0 = i0 / pb.E, e0 = i0 - rep0 * pb.E;
+    events.ahead(e0);
     for (int64_t i = i0, rep = rep0, e = e0; i < i1; ++i) {
-      const PlainEvent<N> pe = events.at(load_event<N>(pb, rep, e), Cx<N>());  // KeptF0 reads no turn
+      const EventValues<N> ev = events.load(rep, e);
       if (++e == pb.E) {
         e = 0;
         ++rep;
       }
+      events.ahead(e);  // (past the stretch: an event of the train all the same, read and not used)
+      const PlainEvent<N> pe = events.at(ev, Cx<N>());  // KeptF0 reads no turn
       const bool pass = passes_over_states(pe.action);
       // An event that only samples names slot 0, which its backward does not read: choosing between two
       // states there put the register kernel's states on the stack (ptxas: a 2,224-byte frame).
@@ -852,13 +946,15 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
     }
     if constexpr (Shift::kWhole) copy_state(l, l_kept);
     const int64_t rep1 = (i1 - 1) / pb.E;
+    events.ahead(i1 - 1 - rep1 * pb.E);
     for (int64_t i = i1 - 1, rep = rep1, e = i1 - 1 - rep1 * pb.E; i >= i0; --i) {
-      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      const EventValues<N> ev = events.load(rep, e);
       if (--e < 0) {
         e = pb.E - 1;
         --rep;
       }
-      const Cx<N> demod = sample_turn(ev, true);
+      events.ahead(e);
+      const Cx<N> demod = events.turn(ev, true);
       const PlainEvent<N> pe = events.at(ev, demod);
       const bool pass = passes_over_states(pe.action);
       if (!pass && pe.record < 0) continue;  // nothing to undo
@@ -1003,9 +1099,11 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
   bool plain = false;
   if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
     plain = plain_adjoint<N, S>(pb);
-    if (plain)
+    if (plain) {
+      PlainEvents<N, R> events{pb, t};
       vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
-                            io, g, eg);
+                            io, g, eg, events);
+    }
   }
   if constexpr (!kOnlyPlain) {
     if (!plain) vjp_voxel<N, S>(pb, v, t, work, store, io, g, eg, tg);

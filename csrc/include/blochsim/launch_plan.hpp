@@ -125,6 +125,13 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
   }
 }
 
+// The part of a pass's scratch from byte `offset` on; null where the pass has none (a launcher asked where
+// its launches run, ResidencyQuery, is handed no scratch: no offset is taken from a null pointer).
+template <class T>
+T* scratch_from(void* scratch, int64_t offset) {
+  return scratch ? reinterpret_cast<T*>(static_cast<char*>(scratch) + offset) : nullptr;
+}
+
 template <class N, class S, class Launcher, class R>
 void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V, const SampleIO<N>& io,
                     void* scratch, int64_t scratch_bytes) {
@@ -134,15 +141,14 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
     throw std::invalid_argument("scratch is too small");
   Problem<R> pb = pb_in;
   if constexpr (warp_kernels && Num<N>::P == 0) {  // the events, decoded once (epg_device.cuh for_each_event)
-    auto* const table =
-        reinterpret_cast<BlockEvent<N>*>(static_cast<char*>(scratch) + forward_state_bytes<N, S>(pb, V));
+    auto* const table = scratch_from<BlockEvent<N>>(scratch, forward_state_bytes<N, S>(pb, V));
     const int64_t chunks = event_chunks(pb);
     // With the profiled pulses' rotations (pulses.hpp pairs_per_launch), blocks enough that each thread
     // forms a few of them.
     R* pairs = nullptr;
     int64_t blocks = chunks;
     if (forward_pairs<N, S>(pb, V)) {
-      pairs = reinterpret_cast<R*>(static_cast<char*>(scratch) + pulse_pairs_offset<N, S>(pb, V));
+      pairs = scratch_from<R>(scratch, pulse_pairs_offset<N, S>(pb, V));
       pb.pulse_pairs = pairs;
       const int64_t per_block = kPairsPerThread * kBlockEvents;
       const int64_t pair_blocks = (pulse_pair_count(pb) + per_block - 1) / per_block;
@@ -224,24 +230,36 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   table_grad_outputs(table_grads, out.table);
   table_grad_outputs(table_grads_tangent, out.table_tan);
   S* state_scratch = static_cast<S*>(scratch);
-  N* table_scratch = reinterpret_cast<N*>(static_cast<char*>(scratch) + vjp_state_bytes<N, S>(pb, V, warp_kernels));
+  N* table_scratch = scratch_from<N>(scratch, vjp_state_bytes<N, S>(pb, V, warp_kernels));
   if constexpr (warp_kernels) {
     const int lanes = adjoint_lanes<N, S>(pb, V);
     if constexpr (Num<N>::P <= 1 && std::is_same<N, S>::value) {  // the plain adjoint's scheme, 4 to 32 lanes
       if (plain_group_adjoint<N, S>(pb, lanes)) {
         const LaunchShape shape = lanes_shape(V, lanes);
+        if (decoded_plain_events<N, S>(pb, V)) {  // the events decoded once, then read by every voxel
+          auto* const codes = scratch_from<PlainCode<R>>(scratch, plain_codes_offset<N, S>(pb, V));
+          launcher.start(DecodePlainEvents<R>(), LaunchShape{unsigned((pb.E + 1 + 127) / 128), 128, 0, 0}, pb,
+                         codes);
+          Problem<R> decoded = pb;
+          decoded.plain_events = codes;
+          if (lanes == 4)
+            launcher.start(AdjointPlainLanes<N, S, 4, true>(), shape, decoded, V, io, eg, out, state_scratch);
+          else
+            launcher.start(AdjointPlainLanes<N, S, 8, true>(), shape, decoded, V, io, eg, out, state_scratch);
+          return;
+        }
         if (lanes == 4)
-          launcher.start(AdjointPlainLanes<N, S, 4>(), shape, pb, V, io, eg, out, state_scratch);
+          launcher.start(AdjointPlainLanes<N, S, 4, false>(), shape, pb, V, io, eg, out, state_scratch);
         else if (lanes == 8)
-          launcher.start(AdjointPlainLanes<N, S, 8>(), shape, pb, V, io, eg, out, state_scratch);
+          launcher.start(AdjointPlainLanes<N, S, 8, false>(), shape, pb, V, io, eg, out, state_scratch);
         else if (lanes == 16)
-          launcher.start(AdjointPlainLanes<N, S, 16>(), shape, pb, V, io, eg, out, state_scratch);
+          launcher.start(AdjointPlainLanes<N, S, 16, false>(), shape, pb, V, io, eg, out, state_scratch);
         else
-          launcher.start(AdjointPlainLanes<N, S, 32>(), shape, pb, V, io, eg, out, state_scratch);
+          launcher.start(AdjointPlainLanes<N, S, 32, false>(), shape, pb, V, io, eg, out, state_scratch);
         return;
       }
     }
-    if constexpr (std::is_same<N, float>::value) {
+    if constexpr (std::is_same<N, float>::value) {  // (launch_vjp_pools is compiled for float and its dual only)
       if (fixed_pool_group_adjoint<N, S>(pb, lanes)) {  // the fixed pools in groups of 8
         launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch, lanes);
         return;

@@ -307,11 +307,41 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
   return (int64_t(sizeof(S)) * padded_voxels(V) * per_voxel + 255) / 256 * 256;
 }
 
+// Whether an adjoint launch reads the events as the launch decoded them (event_loop.hpp PlainCode): the
+// real plain scheme in groups of 4 or 8 (plain_group_adjoint), its pulses uniform over the voxels, in the
+// library with the warp kernels; the second order where no event value carries a tangent (a Jacobian along
+// the tissue: the entries, real numbers, are its events' values).
+template <class R>
+inline bool events_without_tangents(const Problem<R>& pb) {
+  return !pb.dt.tan && !pb.dt_wrap.tan && !pb.flip.tan && !pb.phase.tan && !pb.tissue[BS_B1].tan &&
+         !pb.tissue[BS_B1_PHASE_RAD].tan;
+}
 template <class N, class S, class R>
-inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
+    const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
+    return (lanes == 4 || lanes == 8) && plain_group_adjoint<N, S>(pb, lanes) && uniform_pulse(pb) &&
+           (Num<N>::P == 0 || events_without_tangents(pb));
+  } else {
+    return false;
+  }
+}
+// The adjoint's scratch: its states, its table cotangents' scratch, then (decoded_plain_events) the decoded
+// events from plain_codes_offset, 256-byte aligned.
+template <class N, class S, class R>
+inline int64_t vjp_states_and_tables_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels) {
   const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
   const int64_t threads = lanes > 1 ? adjoint_threads<N, S>(pb, V) : padded_voxels(V);
   return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * table_scratch_size(pb, threads, lanes);
+}
+template <class N, class S, class R>
+inline int64_t plain_codes_offset(const Problem<R>& pb, int64_t V) {
+  return (vjp_states_and_tables_bytes<N, S>(pb, V, true) + 255) / 256 * 256;
+}
+template <class N, class S, class R>
+inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if (decoded_plain_events<N, S>(pb, V, warp_kernels)) return plain_codes_offset<N, S>(pb, V) + plain_code_bytes(pb);
+  return vjp_states_and_tables_bytes<N, S>(pb, V, warp_kernels);
 }
 
 }  // namespace bs

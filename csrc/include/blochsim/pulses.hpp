@@ -30,6 +30,15 @@ BS_HD bool per_voxel_pulses(const Problem<R>& pb) {
   return pb.field_row || pb.profile_row || pb.spinor_row;
 }
 BS_HD int32_t row_of(const int32_t* rows, int64_t e) { return rows ? rows[e] : -1; }
+// Whether every voxel plays each pulse alike: B1 and its phase uniform over the voxels and no pulse played
+// per voxel (the device then forms each pulse's rotation once per launch).
+template <class R>
+BS_HD bool uniform_pulse(const Problem<R>& pb) {
+  const Input<R>& b1 = pb.tissue[BS_B1];
+  const Input<R>& phase = pb.tissue[BS_B1_PHASE_RAD];
+  return (!b1.data || b1.stride == 0) && (!phase.data || phase.stride == 0) && !per_voxel_pulses(pb);
+}
+
 // Whether event e turns by a Cayley-Klein pair of the tables (not the hard rotation of flip and phase).
 template <class R>
 BS_HD bool spinor_pulse(const Problem<R>& pb, int64_t e) {
