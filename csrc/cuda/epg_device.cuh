@@ -602,10 +602,11 @@ __global__ void __launch_bounds__(128, (forward_blocks_per_sm<N, S, KC>()))
   }
 }
 
-template <class N, class S, int KC, class R>
-__global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
-                                                  DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
-                                                  N* table_scratch) {
+// A thread per voxel. DECODED (vjp_decoded_kernel): the register adjoint (KC = 32, the real plain path) reading
+// the events as the launch decoded them (pb.plain_events; launch_rules.hpp decoded_plain_events).
+template <class N, class S, int KC, bool DECODED, class R>
+__device__ __forceinline__ void vjp_thread(const Problem<R>& pb_in, int64_t V, SampleIO<N> io, DeviceEventGrad<N> eg,
+                                           GradOut<R> out, S* scratch, N* table_scratch) {
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const bool active = thread < V;
   const int64_t v = active ? thread : V - 1;  // padding threads replay the last voxel and write nothing
@@ -620,10 +621,23 @@ __global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_
   const TableGrad<N> tg = table_grad_at(pb, out, table_scratch, thread, launched_threads());
   if constexpr (KC > 0) {
     S work[3 * 3 * KC];
-    vjp_voxel_out<N, S, true>(pb, v, Ref<S>{work, 1}, mine, tg, io, eg, out);
+    vjp_voxel_out<N, S, true, DECODED>(pb, v, Ref<S>{work, 1}, mine, tg, io, eg, out);
   } else {
     vjp_voxel_out<N, S>(pb, v, mine, mine + 3 * state_size(pb), tg, io, eg, out);
   }
+}
+template <class N, class S, int KC, class R>
+__global__ void __launch_bounds__(128) vjp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
+                                                  DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
+                                                  N* table_scratch) {
+  vjp_thread<N, S, KC, false>(pb_in, V, io, eg, out, scratch, table_scratch);
+}
+template <class N, class S, int KC, class R>
+__global__ void __launch_bounds__(128) vjp_decoded_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
+                                                          DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
+                                                          N* table_scratch) {
+  static_assert(KC == 32 && std::is_same<N, R>::value && std::is_same<N, S>::value, "the register adjoint");
+  vjp_thread<N, S, KC, true>(pb_in, V, io, eg, out, scratch, table_scratch);
 }
 
 // ---- warp per voxel: orders across lanes ---------------------------------------------------------------
@@ -863,8 +877,7 @@ __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> p
   const WarpShift shift{lane, KC, LANES, active};
   const WarpShiftAdjoint shift_adjoint{lane, KC, LANES};
   if constexpr (DECODED) {
-    const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
-    DecodedPlainEvents<N, R> events{{pb, t}, codes, codes[pb.E].dt, {}, {}};
+    DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t);
     vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
                           state_at(pb, states, 2, k0), store, io, g, eg, events, shift, shift_adjoint);
   } else {

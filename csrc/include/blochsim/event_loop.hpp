@@ -852,6 +852,13 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
   }
 }
 
+// A voxel's DecodedPlainEvents over the launch's entries (pb.plain_events).
+template <class N, class R>
+BS_HD DecodedPlainEvents<N, R> decoded_plain_events_of(const Problem<R>& pb, const Voxel<N>& t) {
+  const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
+  return DecodedPlainEvents<N, R>{{pb, t}, codes, codes[pb.E].dt, {}, {}};
+}
+
 // Checkpointed adjoint of one voxel of the real plain path on the plain step pair (step_forward_plain,
 // step_adjoint_plain: one pass over the orders per event that touches the states; an event that only
 // samples or shifts carries its shift), vjp_voxel's scheme as the host's lanes run it (epg_lanes.inc
@@ -1090,8 +1097,8 @@ struct Itself {
 // The whole adjoint of voxel v: gradients of tissue and tables written, event values through eg. `tg`
 // holds the voxel's table cotangents (table_grad_at). kOnlyPlain: the caller runs only problems that
 // plain_adjoint takes (the register kernel, launch_rules.hpp register_adjoint), so the general path is not
-// compiled beside it.
-template <class N, class S, bool kOnlyPlain = false, class R, class EG>
+// compiled beside it. kDecoded: the plain walks read pb.plain_events (DecodedPlainEvents).
+template <class N, class S, bool kOnlyPlain = false, bool kDecoded = false, class R, class EG>
 BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> store, TableGrad<N> tg,
                          const SampleIO<N>& io, const EG& eg, const GradOut<R>& out) {
   const Voxel<N> t = load_voxel<N>(pb, v);
@@ -1100,9 +1107,15 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
   if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
     plain = plain_adjoint<N, S>(pb);
     if (plain) {
-      PlainEvents<N, R> events{pb, t};
-      vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
-                            io, g, eg, events);
+      if constexpr (kDecoded) {
+        DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t);
+        vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
+                              io, g, eg, events);
+      } else {
+        PlainEvents<N, R> events{pb, t};
+        vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
+                              io, g, eg, events);
+      }
     }
   }
   if constexpr (!kOnlyPlain) {

@@ -200,6 +200,17 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
   if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pool_warp decides first
 }
 
+// Decode the real plain path's events for an adjoint launch (decoded_plain_events) into their part of the
+// scratch; the problem the launch then reads them from.
+template <class N, class S, class Launcher, class R>
+Problem<R> decoding_plain_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
+  auto* const codes = scratch_from<PlainCode<R>>(scratch, plain_codes_offset<N, S>(pb, V));
+  launcher.start(DecodePlainEvents<R>(), LaunchShape{unsigned((pb.E + 1 + 127) / 128), 128, 0, 0}, pb, codes);
+  Problem<R> decoded = pb;
+  decoded.plain_events = codes;
+  return decoded;
+}
+
 template <class N, class S, class Launcher, class R>
 void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const SampleIO<N>& io,
                 const bs_grads& grads, const bs_grads* grads_tangent, const bs_table_grads* table_grads,
@@ -237,11 +248,7 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       if (plain_group_adjoint<N, S>(pb, lanes)) {
         const LaunchShape shape = lanes_shape(V, lanes);
         if (decoded_plain_events<N, S>(pb, V)) {  // the events decoded once, then read by every voxel
-          auto* const codes = scratch_from<PlainCode<R>>(scratch, plain_codes_offset<N, S>(pb, V));
-          launcher.start(DecodePlainEvents<R>(), LaunchShape{unsigned((pb.E + 1 + 127) / 128), 128, 0, 0}, pb,
-                         codes);
-          Problem<R> decoded = pb;
-          decoded.plain_events = codes;
+          const Problem<R> decoded = decoding_plain_events<N, S>(launcher, pb, V, scratch);
           if (lanes == 4)
             launcher.start(AdjointPlainLanes<N, S, 4, true>(), shape, decoded, V, io, eg, out, state_scratch);
           else
@@ -299,6 +306,13 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
   const LaunchShape shape = thread_shape(V);
   if constexpr (Num<N>::P == 0) {
     if (register_adjoint<N, S>(pb)) {
+      if constexpr (warp_kernels && std::is_same<N, S>::value && std::is_same<N, R>::value) {
+        if (decoded_plain_events<N, S>(pb, V)) {
+          launcher.start(AdjointThreadDecoded<N, S, 32>(), shape, decoding_plain_events<N, S>(launcher, pb, V, scratch),
+                         V, io, eg, out, state_scratch, table_scratch);
+          return;
+        }
+      }
       launcher.start(AdjointThread<N, S, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       return;
     }

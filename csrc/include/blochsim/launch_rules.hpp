@@ -308,9 +308,10 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
 }
 
 // Whether an adjoint launch reads the events as the launch decoded them (event_loop.hpp PlainCode): the
-// real plain scheme in groups of 4 or 8 (plain_group_adjoint), its pulses uniform over the voxels, in the
-// library with the warp kernels; the second order where no event value carries a tangent (a Jacobian along
-// the tissue: the entries, real numbers, are its events' values).
+// real plain scheme in groups of 4 or 8 (plain_group_adjoint) or on the register thread (register_adjoint),
+// its pulses uniform over the voxels, in the library with the warp kernels; the second order in groups where
+// no event value carries a tangent (a Jacobian along the tissue: the entries, real numbers, are its events'
+// values).
 template <class R>
 inline bool events_without_tangents(const Problem<R>& pb) {
   return !pb.dt.tan && !pb.dt_wrap.tan && !pb.flip.tan && !pb.phase.tan && !pb.tissue[BS_B1].tan &&
@@ -319,8 +320,10 @@ inline bool events_without_tangents(const Problem<R>& pb) {
 template <class N, class S, class R>
 inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {
-    const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
-    return (lanes == 4 || lanes == 8) && plain_group_adjoint<N, S>(pb, lanes) && uniform_pulse(pb) &&
+    if (!warp_kernels || !uniform_pulse(pb)) return false;
+    const int lanes = adjoint_lanes<N, S>(pb, V);
+    if (lanes == 1) return Num<N>::P == 0 && register_adjoint<N, S>(pb);  // the register thread per voxel
+    return (lanes == 4 || lanes == 8) && plain_group_adjoint<N, S>(pb, lanes) &&
            (Num<N>::P == 0 || events_without_tangents(pb));
   } else {
     return false;
