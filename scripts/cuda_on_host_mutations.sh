@@ -33,6 +33,6 @@ csrc/cuda/epg_device.cuh|/__device__ void add_table/,/^  }/ s/    const N y = ea
 csrc/cuda/epg_device.cuh|s/  eg.voxel_lanes = LANES;/  eg.voxel_lanes = 32;/|fixed_pool_group and poolb
 csrc/include/blochsim/event_loop.hpp|s/  c.sa = r.sa;/  c.sa = -r.sa;/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/    ev.dt = N(ev.wrap ? dt_wrap : held.dt);/    ev.dt = N(held.dt);/|plain_adjoint and auto
-csrc/include/blochsim/event_loop.hpp|s/        DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t);/        DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t); events.dt_wrap *= 2;/|plain_adjoint and thread
+csrc/include/blochsim/event_loop.hpp|s/        DecodedPlainEvents<N, R> events{{pb, t}, codes, codes\[pb.E\].dt, {}, {}, {}};/        DecodedPlainEvents<N, R> events{{pb, t}, codes, 2 * codes[pb.E].dt, {}, {}, {}};/|plain_adjoint and thread
 MUTATIONS
 exit $status

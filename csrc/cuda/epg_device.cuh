@@ -877,7 +877,11 @@ __global__ void __launch_bounds__(128) vjp_plain_lanes_kernel(const Problem<R> p
   const WarpShift shift{lane, KC, LANES, active};
   const WarpShiftAdjoint shift_adjoint{lane, KC, LANES};
   if constexpr (DECODED) {
-    DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t);
+    // Made here: returned by a function of event_loop.hpp, ptxas put the second order's states on the stack
+    // (Dual<float, 1> in groups of 8: 128 registers and a 1,664-byte frame against 204 and 1,360; the real
+    // HVP twice as slow, H100, benchmarks/results/mapping/api_cases-*-s17f-new-s17lib3-*).
+    const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
+    DecodedPlainEvents<N, R> events{{pb, t}, codes, codes[pb.E].dt, {}, {}, {}};
     vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, states, 0, k0), state_at(pb, states, 1, k0),
                           state_at(pb, states, 2, k0), store, io, g, eg, events, shift, shift_adjoint);
   } else {

@@ -730,9 +730,9 @@ template <class N>
 BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
   return read && ev.last_rep && ev.record >= 0 ? cis(-ev.phase) : Cx<N>();
 }
-// The walks of vjp_voxel_plain read an event as load(rep, e), then turn(ev, read) and at(ev, turn), each
-// walk naming its first event and then, at each load, the event it reads next (ahead(e): DecodedPlainEvents
-// reads it while the present one is stepped).
+// The walks of vjp_voxel_plain read an event as load(rep, e), then turn(ev, read) and at(ev, turn), each walk
+// naming its first event and its direction (start(e, step): DecodedPlainEvents reads the entries ahead of
+// the one stepped).
 template <class N, class R>
 struct PlainEvents {
   const Problem<R>& pb;
@@ -746,7 +746,7 @@ struct PlainEvents {
     }
     return decay;
   }
-  BS_HD void ahead(int64_t) const {}
+  BS_HD void start(int64_t, int) const {}
   BS_HD EventValues<N> load(int64_t rep, int64_t e) const { return load_event<N>(pb, rep, e); }
   BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const { return sample_turn(ev, read); }
   BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
@@ -798,17 +798,41 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   return c;
 }
 // PlainEvents over the decoded entries (`codes`, as the voxel's own: the event's phase, read only through its
-// demodulation, is left 0). The entry a walk reads next is read while the present event is stepped: read
-// where it was used, its load's latency stood in every event's chain (ncu, H100, the 2k real gradient in
-// groups of 8: a third of the warps' stall samples on the entry's loads, at four warps a multiprocessor).
+// demodulation, is left 0). The entries a walk reads next are read while the present event is stepped, two
+// ahead for the first order: read where it was used, an entry's load stood in every event's chain (ncu,
+// H100, the 2k real gradient in groups of 8 at four warps a multiprocessor: a third of the stall samples),
+// and one ahead it still did (a fifth of them on one instruction, the sweep's: two of an MRF repetition's
+// three events step nothing). The second order keeps one ahead (its dual states fill the registers).
 template <class N, class R>
 struct DecodedPlainEvents : PlainEvents<N, R> {
+  static constexpr bool kTwoAhead = Num<N>::P == 0;
   const PlainCode<R>* codes;
   R dt_wrap;
-  PlainCode<R> next, held;  // the entry ahead() named; the one load() read
-  BS_HD void ahead(int64_t e) { next = codes[e]; }
-  BS_HD EventValues<N> load(int64_t rep, int64_t e) {
+  PlainCode<R> held, next, after;  // the entry load() read; the next one; (kTwoAhead) the one after it
+  int64_t fetch = 0;               // the entry read next from codes
+  int step = 1;                    // the walk's direction
+  BS_HD int64_t following(int64_t e) const {
+    e += step;
+    return e == this->pb.E ? 0 : e < 0 ? this->pb.E - 1 : e;
+  }
+  BS_HD void start(int64_t e, int walk_step) {
+    step = walk_step;
+    next = codes[e];
+    fetch = following(e);
+    if constexpr (kTwoAhead) {
+      after = codes[fetch];
+      fetch = following(fetch);
+    }
+  }
+  BS_HD EventValues<N> load(int64_t rep, int64_t e) {  // e: the entry start() or the last load() led to
     held = next;
+    if constexpr (kTwoAhead) {
+      next = after;
+      after = codes[fetch];  // (past the walk's end: an entry of the train all the same, read and not used)
+    } else {
+      next = codes[fetch];
+    }
+    fetch = following(fetch);
     EventValues<N> ev;
     ev.e = e;
     ev.action = held.action;
@@ -852,13 +876,6 @@ BS_HD bool plain_adjoint(const Problem<R>& pb) {
   }
 }
 
-// A voxel's DecodedPlainEvents over the launch's entries (pb.plain_events).
-template <class N, class R>
-BS_HD DecodedPlainEvents<N, R> decoded_plain_events_of(const Problem<R>& pb, const Voxel<N>& t) {
-  const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
-  return DecodedPlainEvents<N, R>{{pb, t}, codes, codes[pb.E].dt, {}, {}};
-}
-
 // Checkpointed adjoint of one voxel of the real plain path on the plain step pair (step_forward_plain,
 // step_adjoint_plain: one pass over the orders per event that touches the states; an event that only
 // samples or shifts carries its shift), vjp_voxel's scheme as the host's lanes run it (epg_lanes.inc
@@ -892,7 +909,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along: a 64-bit division per event (load_event's i / E) is
   // about 70 instructions on the card.
-  events.ahead(0);
+  events.start(0, 1);
   for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
     if (left == 0) {
       copy_state(checkpoint(c), x);
@@ -905,7 +922,6 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       e = 0;
       ++rep;
     }
-    events.ahead(e);
     const PlainEvent<N> pe = events.at(ev, events.turn(ev, io.signal != nullptr));
     if (io.signal)
       step_forward_plain(pe, x, tmp, &io, defer, shift);
@@ -923,14 +939,13 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
     int last = -1;
     bool written = true;  // x differs from every slot
     const int64_t rep0 = i0 / pb.E, e0 = i0 - rep0 * pb.E;
-    events.ahead(e0);
+    events.start(e0, 1);
     for (int64_t i = i0, rep = rep0, e = e0; i < i1; ++i) {
       const EventValues<N> ev = events.load(rep, e);
       if (++e == pb.E) {
         e = 0;
         ++rep;
       }
-      events.ahead(e);  // (past the stretch: an event of the train all the same, read and not used)
       const PlainEvent<N> pe = events.at(ev, Cx<N>());  // KeptF0 reads no turn
       const bool pass = passes_over_states(pe.action);
       // An event that only samples names slot 0, which its backward does not read: choosing between two
@@ -953,14 +968,13 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
     }
     if constexpr (Shift::kWhole) copy_state(l, l_kept);
     const int64_t rep1 = (i1 - 1) / pb.E;
-    events.ahead(i1 - 1 - rep1 * pb.E);
+    events.start(i1 - 1 - rep1 * pb.E, -1);
     for (int64_t i = i1 - 1, rep = rep1, e = i1 - 1 - rep1 * pb.E; i >= i0; --i) {
       const EventValues<N> ev = events.load(rep, e);
       if (--e < 0) {
         e = pb.E - 1;
         --rep;
       }
-      events.ahead(e);
       const Cx<N> demod = events.turn(ev, true);
       const PlainEvent<N> pe = events.at(ev, demod);
       const bool pass = passes_over_states(pe.action);
@@ -1108,7 +1122,8 @@ BS_HD void vjp_voxel_out(const Problem<R>& pb, int64_t v, Ref<S> work, Ref<S> st
     plain = plain_adjoint<N, S>(pb);
     if (plain) {
       if constexpr (kDecoded) {
-        DecodedPlainEvents<N, R> events = decoded_plain_events_of(pb, t);
+        const auto* const codes = static_cast<const PlainCode<R>*>(pb.plain_events);
+        DecodedPlainEvents<N, R> events{{pb, t}, codes, codes[pb.E].dt, {}, {}, {}};
         vjp_voxel_plain<N, S>(pb, v, t, state_at(pb, work, 0), state_at(pb, work, 1), state_at(pb, work, 2), store,
                               io, g, eg, events);
       } else {
