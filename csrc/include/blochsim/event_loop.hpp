@@ -718,18 +718,23 @@ BS_HD bool same_number(const Dual<R, P>& a, const Dual<R, P>& b) {
   return same;
 }
 
+// Whether a walk forms a sample's demodulation (PlainEvents::at's `turn`): where it reads it, and
+// plain_event's record is set (the last repetition's samples only).
+template <class N>
+BS_HD bool turn_read(const EventValues<N>& ev, bool read) {
+  return read && ev.last_rep && ev.record >= 0;
+}
+template <class N>
+BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
+  return turn_read(ev, read) ? cis(-ev.phase) : Cx<N>();
+}
+
 // The real plain path's events for one voxel: plain_event with the interval's exponentials kept while its
 // length repeats (an MRF train's TR: two exponentials for the whole train, not two per interval). `turn`:
 // a sample's demodulation, cis(-phase), formed by the caller where the sample's value is read (a sweep that
 // writes the signal; the backward, which needs it beside the event as well), else zero: the sweeps that
 // discard their samples or keep only the f0 they read form no sines for it: of the seven sines and cosines
 // an MRF TR formed over the three walks, four were turns, three of them read by nothing.
-// A sample's demodulation where it is read (PlainEvents::at's `turn`; plain_event's record: the last
-// repetition's samples only).
-template <class N>
-BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
-  return read && ev.last_rep && ev.record >= 0 ? cis(-ev.phase) : Cx<N>();
-}
 // The walks of vjp_voxel_plain read an event as load(rep, e), then turn(ev, read) and at(ev, turn), each walk
 // naming its first event and its direction (start(e, step): DecodedPlainEvents reads the entries ahead of
 // the one stepped).
@@ -845,7 +850,7 @@ struct DecodedPlainEvents : PlainEvents<N, R> {
     return ev;
   }
   BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const {
-    return read && ev.last_rep && ev.record >= 0 ? Cx<N>(N(held.turn_re), N(held.turn_im)) : Cx<N>();
+    return turn_read(ev, read) ? Cx<N>(N(held.turn_re), N(held.turn_im)) : Cx<N>();
   }
   BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
     return plain_event(
