@@ -215,6 +215,7 @@ struct PlainEvent {
   int32_t action, record;  // record: the sample written (-1: none, also before the last repetition)
   N E1, E2, ca, sa, s2, half_sa;
   Cx<N> turn;
+  int32_t sample_at = 0;  // the event that samples, after this one (a fold's: DecodedPlainEvents)
 };
 template <class N>
 struct Decay {  // an interval's relaxation
@@ -443,7 +444,7 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
       if (!order0) f0 = N(0);  // another lane's first order, not the sample's
       const Cx<N> u = transverse(f0) * demod;
       g.m0 += re_dot(w, u);
-      eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
+      eg.add(kGradPhase, ev.e + pe.sample_at, t.m0 * re_dot(w, mul_i(-u)));
     }
     if (shifted)
       for (int i = 0; i < ahead; ++i) shift_adjoint(l.water(0), K);
@@ -737,7 +738,9 @@ BS_HD Cx<N> sample_turn(const EventValues<N>& ev, bool read) {
 // an MRF TR formed over the three walks, four were turns, three of them read by nothing.
 // The walks of vjp_voxel_plain read an event as load(rep, e), then turn(ev, read) and at(ev, turn), each walk
 // naming its first event and its direction (start(e, step): DecodedPlainEvents reads the entries ahead of
-// the one stepped).
+// the one stepped). A walk steps heads: span() events from the one loaded forward, back() to the head before
+// it; ahead(e): events from e to the first head at or after it. Here every event is its own head;
+// DecodedPlainEvents folds events into the head before them (joins_fold).
 template <class N, class R>
 struct PlainEvents {
   const Problem<R>& pb;
@@ -753,6 +756,10 @@ struct PlainEvents {
   }
   BS_HD void start(int64_t, int) const {}
   BS_HD EventValues<N> load(int64_t rep, int64_t e) const { return load_event<N>(pb, rep, e); }
+  BS_HD int span() const { return 1; }
+  BS_HD int back() const { return 1; }
+  BS_HD int back_from(int64_t) const { return 1; }
+  BS_HD int ahead(int64_t) const { return 0; }
   BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const { return sample_turn(ev, read); }
   BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
     return plain_event(
@@ -761,27 +768,49 @@ struct PlainEvents {
   }
 };
 
+// Whether event m joins the fold of the event before it in the plain adjoint's decoded walks (one
+// step_forward_plain, one step_adjoint_plain for both): it makes no pass and carries nothing ahead of itself
+// (no interval, crusher before or pulse), the event before carries nothing after itself, and it does
+// something: a sample right after a head that makes a pass and samples nothing (so a fold samples at most
+// once, after its pass, as step_forward_plain orders it), or a shift or spoiler after itself. An MRF
+// repetition (pulse, sample, crusher) is one fold; a fold stays within a repetition (event 0 heads one) and
+// holds at most three events. Decided from the two events alone, so each entry is decoded on its own.
+template <class R>
+BS_HD bool joins_fold(const Problem<R>& pb, int64_t m) {
+  constexpr int32_t ahead = BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE;
+  constexpr int32_t after = BS_SPOIL_AFTER | BS_CRUSH_AFTER | BS_SHIFT_AFTER;
+  if (m <= 0 || m >= pb.E) return false;
+  const int32_t action = pb.action[m], before = pb.action[m - 1];
+  if ((action & ahead) || (before & after)) return false;
+  if (pb.record[m] >= 0) return pb.record[m - 1] < 0 && (before & ahead);
+  return (action & after) != 0;
+}
+
 // The real plain path's events as every voxel of a launch reads them where its pulses are uniform
 // (pulses.hpp uniform_pulse): an event's values, its pulse's rotation and its sample's demodulation, decoded
-// once per launch (the CUDA library's plain adjoints in groups: epg_device.cuh decode_plain_events_kernel);
-// entry E holds the wrapped interval's length (dt_wrap). Where each voxel loaded and formed its own, an
-// event's loads (each array's presence and 64-bit index), sine and cosine were about 60 % of the 2k real
-// gradient's instructions (ncu, H100: 111 a lane, event and walk of 617 in all). 16-byte aligned: three
-// vector loads an entry.
+// once per launch (the CUDA library's plain adjoints: epg_device.cuh decode_plain_events_kernel); entry E
+// holds the wrapped interval's length (dt_wrap). Where each voxel loaded and formed its own, an event's loads
+// (each array's presence and 64-bit index), sine and cosine were about 60 % of the 2k real gradient's
+// instructions (ncu, H100: 111 a lane, event and walk of 617 in all). A head's entry holds its fold
+// (joins_fold): the events' actions together, the sample's record, demodulation and place (sample_at), and
+// the events it steps (span); back: events to the head before it (entry 0: the repetition's last head);
+// ahead: a folded event's to the next head (0 at a head). 16-byte aligned: three vector loads an entry.
 template <class R>
 struct alignas(16) PlainCode {
   int32_t action, record;
   R dt, flip, ca, sa, s2, half_sa, turn_re, turn_im;
+  int16_t span, back, ahead, sample_at;
 };
 template <class R>
 BS_HD int64_t plain_code_bytes(const Problem<R>& pb) {
   return (pb.E + 1) * int64_t(sizeof(PlainCode<R>));
 }
-// Event e's entry as a voxel's own would form it (load_event, plain_event's rotation, sample_turn), or
-// e = E: the wrapped interval's.
+// Event e's entry as a voxel's own would form it (load_event, plain_event's rotation, sample_turn) with the
+// events folded into it, or e = E: the wrapped interval's.
 template <class R>
 BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   PlainCode<R> c{};
+  c.span = c.back = 1;
   if (e == pb.E) {
     c.dt = fetch<R>(pb.dt_wrap, 0);
     return c;
@@ -797,47 +826,74 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   c.sa = r.sa;
   c.s2 = r.s2;
   c.half_sa = r.half_sa;
-  const Cx<R> turn = cis(-ev.phase);
+  Cx<R> turn = cis(-ev.phase);
+  if (joins_fold(pb, e)) {  // a folded event: walked over, never stepped
+    int64_t m = e + 1;
+    while (joins_fold(pb, m)) ++m;
+    c.ahead = int16_t(m - e);
+  } else {
+    int64_t m = e + 1;
+    for (; joins_fold(pb, m); ++m) {
+      c.action |= pb.action[m];
+      if (pb.record[m] >= 0) {
+        c.record = pb.record[m];
+        c.sample_at = int16_t(m - e);
+        turn = cis(-fetch<R>(pb.phase, m));
+      }
+    }
+    c.span = int16_t(m - e);
+    int64_t p = (e == 0 ? pb.E : e) - 1;  // the head before: of the repetition before, from event 0
+    while (joins_fold(pb, p)) --p;
+    c.back = int16_t(e == 0 ? pb.E - p : e - p);
+  }
   c.turn_re = turn.re;
   c.turn_im = turn.im;
   return c;
 }
 // PlainEvents over the decoded entries (`codes`, as the voxel's own: the event's phase, read only through its
-// demodulation, is left 0). The entries a walk reads next are read while the present event is stepped, two
-// ahead for the first order: read where it was used, an entry's load stood in every event's chain (ncu,
-// H100, the 2k real gradient in groups of 8 at four warps a multiprocessor: a third of the stall samples),
-// and one ahead it still did (a fifth of them on one instruction, the sweep's: two of an MRF repetition's
-// three events step nothing). The second order keeps one ahead (its dual states fill the registers).
+// demodulation, is left 0), its walks stepping heads. The entries a walk reads next are read while the
+// present one is stepped, two ahead for the first order: read where it was used, an entry's load stood in
+// every event's chain (ncu, H100, the 2k real gradient in groups of 8 at four warps a multiprocessor: a third
+// of the stall samples), and one ahead it still did (a fifth of them on one instruction, the sweep's: two of an
+// MRF repetition's three events stepped nothing, before they were folded). Where the entry after next lies
+// is read from next's span or back, loaded a step before. The second order keeps one ahead (its dual states
+// fill the registers).
 template <class N, class R>
 struct DecodedPlainEvents : PlainEvents<N, R> {
   static constexpr bool kTwoAhead = Num<N>::P == 0;
   const PlainCode<R>* codes;
   R dt_wrap;
   PlainCode<R> held, next, after;  // the entry load() read; the next one; (kTwoAhead) the one after it
-  int64_t fetch = 0;               // the entry read next from codes
-  int step = 1;                    // the walk's direction
-  BS_HD int64_t following(int64_t e) const {
-    e += step;
-    return e == this->pb.E ? 0 : e < 0 ? this->pb.E - 1 : e;
+  int64_t next_e = 0, after_e = 0;  // where next and after lie
+  int step = 1;                     // the walk's direction
+  BS_HD int64_t following(int64_t e, const PlainCode<R>& c) const {  // the head a walk reaches after head e
+    if (step > 0) {
+      e += c.span;
+      return e == this->pb.E ? 0 : e;
+    }
+    e -= c.back;
+    return e < 0 ? e + this->pb.E : e;
   }
   BS_HD void start(int64_t e, int walk_step) {
     step = walk_step;
     next = codes[e];
-    fetch = following(e);
+    next_e = e;
     if constexpr (kTwoAhead) {
-      after = codes[fetch];
-      fetch = following(fetch);
+      after_e = following(e, next);
+      after = codes[after_e];
     }
   }
-  BS_HD EventValues<N> load(int64_t rep, int64_t e) {  // e: the entry start() or the last load() led to
+  BS_HD EventValues<N> load(int64_t rep, int64_t e) {  // e: the head start() or the last load() led to
     held = next;
     if constexpr (kTwoAhead) {
       next = after;
-      after = codes[fetch];  // (past the walk's end: an entry of the train all the same, read and not used)
+      next_e = after_e;
+      after_e = following(next_e, next);
+      after = codes[after_e];  // (past the walk's end: an entry of the train all the same, read and not used)
     } else {
-      next = codes[fetch];
+      next_e = following(next_e, held);
+      next = codes[next_e];
     }
-    fetch = following(fetch);
     EventValues<N> ev;
     ev.e = e;
     ev.action = held.action;
@@ -849,11 +905,15 @@ struct DecodedPlainEvents : PlainEvents<N, R> {
     ev.phase = N(0);
     return ev;
   }
+  BS_HD int span() const { return held.span; }
+  BS_HD int back() const { return held.back; }
+  BS_HD int back_from(int64_t e) const { return codes[e].back; }
+  BS_HD int ahead(int64_t e) const { return codes[e].ahead; }
   BS_HD Cx<N> turn(const EventValues<N>& ev, bool read) const {
     return turn_read(ev, read) ? Cx<N>(N(held.turn_re), N(held.turn_im)) : Cx<N>();
   }
   BS_HD PlainEvent<N> at(const EventValues<N>& ev, const Cx<N>& turn) {
-    return plain_event(
+    PlainEvent<N> pe = plain_event(
         this->t, ev, [&] { return this->decay_of(ev.dt); },
         [&] {
           Rotation<N> r;
@@ -864,6 +924,8 @@ struct DecodedPlainEvents : PlainEvents<N, R> {
           return r;
         },
         [&] { return turn; });
+    pe.sample_at = held.sample_at;
+    return pe;
   }
 };
 
@@ -913,17 +975,19 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
   Deferral defer;
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along: a 64-bit division per event (load_event's i / E) is
-  // about 70 instructions on the card.
+  // about 70 instructions on the card. The walks step heads (Events::span): stretch c starts at the first
+  // head at or after event c * stride (events folded into a head stay in its stretch), so a stretch holds
+  // the passes that its events hold (a pass is always a head) and pb.slots counts them as before; a stretch
+  // left empty (a fold longer than the stride) is skipped, its checkpoint written and never read.
   events.start(0, 1);
-  for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
-    if (left == 0) {
+  for (int64_t i = 0, rep = 0, e = 0, c = 0, due = 0; i < n;) {
+    for (; due <= i; due += stride) {
       copy_state(checkpoint(c), x);
       deferral_at[c++] = pack_deferral<S>(defer);
-      left = stride;
     }
-    --left;
     const EventValues<N> ev = events.load(rep, e);
-    if (++e == pb.E) {
+    i += events.span();
+    if ((e += events.span()) == pb.E) {
       e = 0;
       ++rep;
     }
@@ -936,18 +1000,25 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
   zero_state(l);
   int slot_of[kPlainMaxStride];
   S deferral_of[kPlainMaxStride], f0_of[kPlainMaxStride];
-  for (int64_t c = checkpoints - 1; c >= 0; --c) {
-    const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
+  for (int64_t c = checkpoints - 1, i1 = n; c >= 0; --c) {
+    int64_t i0 = c * stride, rep = i0 / pb.E, e = i0 - rep * pb.E;
+    const int64_t skip = events.ahead(e);  // to the stretch's first head
+    i0 += skip;
+    if ((e += skip) == pb.E) {
+      e = 0;
+      ++rep;
+    }
+    if (i0 == i1) continue;
     if constexpr (Shift::kWhole) copy_state(l_kept, l);
     copy_state(x, checkpoint(c));
     defer = unpack_deferral(S(deferral_at[c]));
-    int last = -1;
+    int last = -1, heads = 0;
     bool written = true;  // x differs from every slot
-    const int64_t rep0 = i0 / pb.E, e0 = i0 - rep0 * pb.E;
-    events.start(e0, 1);
-    for (int64_t i = i0, rep = rep0, e = e0; i < i1; ++i) {
+    events.start(e, 1);
+    for (int64_t i = i0; i < i1; ++heads) {
       const EventValues<N> ev = events.load(rep, e);
-      if (++e == pb.E) {
+      i += events.span();
+      if ((e += events.span()) == pb.E) {
         e = 0;
         ++rep;
       }
@@ -955,29 +1026,34 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       const bool pass = passes_over_states(pe.action);
       // An event that only samples names slot 0, which its backward does not read: choosing between two
       // states there put the register kernel's states on the stack (ptxas: a 2,224-byte frame).
-      slot_of[i - i0] = 0;
+      slot_of[heads] = 0;
       if (pass) {
         if (written) {
           copy_state(slot(++last), x);
           written = false;
         }
-        slot_of[i - i0] = last;
+        slot_of[heads] = last;
       }
-      deferral_of[i - i0] = pack_deferral<S>(defer);
+      deferral_of[heads] = pack_deferral<S>(defer);
       // An event that only samples is stepped even last (its backward needs the f0 it read, not a slot);
       // one call site: a third inlined copy of the step put the register kernel's states on the stack.
       const bool sample_only = !pass && pe.record >= 0;
       KeptF0<S> sample;
-      if ((sample_only || i + 1 < i1) && step_forward_plain(pe, x, tmp, &sample, defer, shift)) written = true;
-      if (sample_only) f0_of[i - i0] = sample.f0;
+      if ((sample_only || i < i1) && step_forward_plain(pe, x, tmp, &sample, defer, shift)) written = true;
+      if (sample_only) f0_of[heads] = sample.f0;
     }
     if constexpr (Shift::kWhole) copy_state(l, l_kept);
-    const int64_t rep1 = (i1 - 1) / pb.E;
-    events.start(i1 - 1 - rep1 * pb.E, -1);
-    for (int64_t i = i1 - 1, rep = rep1, e = i1 - 1 - rep1 * pb.E; i >= i0; --i) {
+    // (rep, e) is i1's: the stretch's last head lies back() from it.
+    const int64_t back = events.back_from(e);
+    if ((e -= back) < 0) {
+      e += pb.E;
+      --rep;
+    }
+    events.start(e, -1);
+    for (int j = heads - 1; j >= 0; --j) {
       const EventValues<N> ev = events.load(rep, e);
-      if (--e < 0) {
-        e = pb.E - 1;
+      if ((e -= events.back()) < 0) {
+        e += pb.E;
         --rep;
       }
       const Cx<N> demod = events.turn(ev, true);
@@ -987,10 +1063,11 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two
       // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.
-      step_adjoint_plain(pe, ev, demod, t, slot(slot_of[i - i0]), unpack_deferral(deferral_of[i - i0]),
-                         Shift::kWhole ? l_kept : tmp, l, io, g, eg, pass ? nullptr : &f0_of[i - i0], shift,
+      step_adjoint_plain(pe, ev, demod, t, slot(slot_of[j]), unpack_deferral(deferral_of[j]),
+                         Shift::kWhole ? l_kept : tmp, l, io, g, eg, pass ? nullptr : &f0_of[j], shift,
                          shift_adjoint);
     }
+    i1 = i0;
   }
 }
 
