@@ -34,5 +34,8 @@ csrc/cuda/epg_device.cuh|s/  eg.voxel_lanes = LANES;/  eg.voxel_lanes = 32;/|fix
 csrc/include/blochsim/event_loop.hpp|s/  c.sa = r.sa;/  c.sa = -r.sa;/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/    ev.dt = N(ev.wrap ? dt_wrap : held.dt);/    ev.dt = N(held.dt);/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/        DecodedPlainEvents<N, R> events{{pb, t}, codes, codes\[pb.E\].dt, {}, {}, {}};/        DecodedPlainEvents<N, R> events{{pb, t}, codes, 2 * codes[pb.E].dt, {}, {}, {}};/|plain_adjoint and thread
+csrc/include/blochsim/event_loop.hpp|s/        c.record = pb.record\[m\];/        c.record = c.record;/|plain_adjoint and auto
+csrc/include/blochsim/event_loop.hpp|s/    c.back = int16_t(e == 0 ? pb.E - p : e - p);/    c.back = int16_t(e == 0 ? pb.E - p : 1);/|plain_adjoint and auto
+csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = events.ahead(e);  \/\/ to the stretch's first head/    const int64_t skip = 0;/|plain_adjoint and thread
 MUTATIONS
 exit $status
