@@ -661,16 +661,32 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   auto kept = [&](int64_t j) { return state_at(pb, store, stride + j, k0); };  // tabulated layouts only
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
   equilibrium_state<S, N>(pb, v, x);
-  for (int64_t i = 0; i < n; ++i) {
-    if (i % stride == 0) copy_state(checkpoint(i / stride), x);
-    step_forward(pb, v, t, load_event<N>(pb, i), x, &io, shift);
+  // Events by (repetition, event), counted along as vjp_voxel_plain's: load_event(pb, i) divides i by E, and
+  // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
+  for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
+    if (left == 0) {
+      copy_state(checkpoint(c++), x);
+      left = stride;
+    }
+    --left;
+    const EventValues<N> ev = load_event<N>(pb, rep, e);
+    if (++e == pb.E) {
+      e = 0;
+      ++rep;
+    }
+    step_forward(pb, v, t, ev, x, &io, shift);
   }
   zero_state(l);
   for (int64_t c = (n - 1) / stride; c >= 0; --c) {
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
+    int64_t rep = i0 / pb.E, e = i0 - rep * pb.E;
     copy_state(x, checkpoint(c));
     for (int64_t i = i0; i < i1; ++i) {
-      const EventValues<N> ev = load_event<N>(pb, i);
+      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      if (++e == pb.E) {
+        e = 0;
+        ++rep;
+      }
       if (adjoint_reads_state(ev)) copy_state(replay(i - i0), x);
       const State<S> keep = kept(i - i0);
       if (i + 1 < i1)
@@ -678,9 +694,14 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
       else if (pb.tabulated && (ev.action & BS_INTERVAL))
         relax_tables<false>(pb, v, interval_row(pb, ev), Interval<N>(), x, &keep);
     }
-    for (int64_t i = i1 - 1; i >= i0; --i)
-      step_adjoint(pb, v, t, load_event<N>(pb, i), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
+    for (int64_t i = i1 - 1; i >= i0; --i) {  // (rep, e) is i1's
+      if (--e < 0) {
+        e = pb.E - 1;
+        --rep;
+      }
+      step_adjoint(pb, v, t, load_event<N>(pb, rep, e), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
                    shift_adjoint);
+    }
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
   if (pb.tabulated && k0 == 0)
