@@ -792,10 +792,11 @@ struct PlainEvents {
 // Whether event m joins the fold of the event before it in the plain adjoint's decoded walks (one
 // step_forward_plain, one step_adjoint_plain for both): it makes no pass and carries nothing ahead of itself
 // (no interval, crusher before or pulse), the event before carries nothing after itself, and it does
-// something: a sample right after a head that makes a pass and samples nothing (so a fold samples at most
-// once, after its pass, as step_forward_plain orders it), or a shift or spoiler after itself. An MRF
-// repetition (pulse, sample, crusher) is one fold; a fold stays within a repetition (event 0 heads one) and
-// holds at most three events. Decided from the two events alone, so each entry is decoded on its own.
+// something: a sample right after a head that acts ahead of itself (a pass, or a crusher before it) and
+// samples nothing (so a fold samples at most once, after what its head does, as step_forward_plain orders
+// it), or a shift or spoiler after itself. An MRF repetition (pulse, sample, crusher) is one fold; a fold
+// stays within a repetition (event 0 heads one) and holds at most three events. Decided from the two events
+// alone, so each entry is decoded on its own.
 template <class R>
 BS_HD bool joins_fold(const Problem<R>& pb, int64_t m) {
   constexpr int32_t ahead = BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE;
