@@ -849,13 +849,12 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   c.s2 = r.s2;
   c.half_sa = r.half_sa;
   Cx<R> turn = cis(-ev.phase);
+  int64_t head = e + 1;  // the next head
+  while (joins_fold(pb, head)) ++head;
   if (joins_fold(pb, e)) {  // a folded event: walked over, never stepped
-    int64_t m = e + 1;
-    while (joins_fold(pb, m)) ++m;
-    c.ahead = int16_t(m - e);
+    c.ahead = int16_t(head - e);
   } else {
-    int64_t m = e + 1;
-    for (; joins_fold(pb, m); ++m) {
+    for (int64_t m = e + 1; m < head; ++m) {
       c.action |= pb.action[m];
       if (pb.record[m] >= 0) {
         c.record = pb.record[m];
@@ -863,7 +862,7 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
         turn = cis(-fetch<R>(pb.phase, m));
       }
     }
-    c.span = int16_t(m - e);
+    c.span = int16_t(head - e);
     int64_t p = (e == 0 ? pb.E : e) - 1;  // the head before: of the repetition before, from event 0
     while (joins_fold(pb, p)) --p;
     c.back = int16_t(e == 0 ? pb.E - p : e - p);
