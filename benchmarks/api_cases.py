@@ -112,10 +112,10 @@ def force_stride(stride: int) -> None:
     chunks.least_scratch_stride = lambda events, given, scratch_at: stride
     plan = kernels._Placed._plan
 
-    def planned(self, st, entry, per_voxel, scratch):
+    def planned(self, st, entry, *rest):  # rest: _plan's own arguments after the entry, passed on as given
         if entry in kernels._ADJOINTS:
             self.stride = stride
-        return plan(self, st, entry, per_voxel, scratch)
+        return plan(self, st, entry, *rest)
 
     kernels._Placed._plan = planned
 
