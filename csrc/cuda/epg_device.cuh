@@ -795,7 +795,7 @@ __device__ __forceinline__ void write_group_tissue_gradients(const VoxelGrad<N>&
 // which it then does).
 template <class N, class S, int KPL, int LAYOUT, int LANES>
 constexpr int adjoint_lanes_blocks_per_sm() {
-  constexpr bool warp_of_model0 = KPL == 1 && LAYOUT == kModel0 && LANES == 32;
+  constexpr bool warp_of_model0 = KPL == 1 && (LAYOUT == kModel0 || LAYOUT == kPlain) && LANES == 32;
   constexpr bool complex_first = std::is_same<N, float>::value && std::is_same<S, Cx<float>>::value;
   constexpr bool complex_second = Num<N>::P == 1 && !std::is_same<N, S>::value;
   return !warp_of_model0 ? 0 : complex_first ? 4 : complex_second ? 3 : 0;
@@ -805,8 +805,8 @@ template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
                                                        DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
                                                        N* table_scratch) {
-  static_assert(LANES == 32 || LAYOUT == kModel0 || LAYOUT > kTables,
-                "groups of lanes are compiled for pool model 0 and the fixed pool layouts");
+  static_assert(LANES == 32 || LAYOUT == kModel0 || LAYOUT == kPlain || LAYOUT > kTables,
+                "groups of lanes are compiled for pool model 0 (plain or not) and the fixed pool layouts");
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t group = thread / LANES;
@@ -814,7 +814,6 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const bool active = group < V;
   const int64_t v = active ? group : V - 1;
   constexpr bool TAB = tabulated_layout(LAYOUT);
-  static_assert(LAYOUT != kPlain, "the adjoint reads order-dependent physics at run time");
   Problem<R> pb = pb_in;
   pb.K = KPL;  // the lane's orders
   apply_layout<LAYOUT>(pb);

@@ -274,6 +274,12 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     }
     if (lanes == 8 || lanes == 4) {  // the general scheme in a group per voxel (pool model 0, up to 32 orders)
       const LaunchShape shape = lanes_shape(V, lanes);
+      if constexpr (!std::is_same<N, S>::value && Num<N>::P == 0) {  // (compiled for the complex first order)
+        if (plain_general_adjoint<N, S>(pb, lanes)) {
+          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          return;
+        }
+      }
       if (lanes == 8)
         launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       else
@@ -295,6 +301,13 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         else
           launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
       } else {
+        if constexpr (!std::is_same<N, S>::value && Num<N>::P == 1) {  // (compiled for the complex second order)
+          if (plain_general_adjoint<N, S>(pb, 32)) {
+            launcher.start(AdjointLanes<N, S, 1, kPlain, 32>(), shape, pb, V, io, eg, out, state_scratch,
+                           table_scratch);
+            return;
+          }
+        }
         if (two)
           launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
         else

@@ -198,6 +198,17 @@ inline bool plain_group_adjoint(const Problem<R>& pb, int lanes) {
   const bool compiled = lanes == 4 || lanes == 8 || lanes == 16 || (lanes == 32 && forced_adjoint_plain_lanes() == 32);
   return compiled && pb.K == 32 && plain_adjoint<N, S>(pb);
 }
+// Whether the general adjoint of `lanes` lanes per voxel (vjp_warp_kernel) takes the plain layout rather than
+// pool model 0: the complex path where every order relaxes alike (plain_orders: no diffusion, flow or
+// washout), the first order in groups of 8 (4 orders a lane) and the second on a warp (one order a lane). The
+// plain layout holds those facts at compile time, so relaxation, its adjoint and the interval's factors lose
+// their order-dependent branches, as the value forwards' did.
+template <class N, class S, class R>
+inline bool plain_general_adjoint(const Problem<R>& pb, int lanes) {
+  constexpr bool complex_path = !std::is_same<N, S>::value;
+  const bool compiled = (Num<N>::P == 0 && lanes == 8) || (Num<N>::P == 1 && lanes == 32);  // K <= 32: one order a lane
+  return complex_path && compiled && pb.K <= 32 && plain_orders(pb);
+}
 // Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
 // 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
 // groups of 8, none on the warp; not measured). H200, 2026-12-04, ms per call through the API under the
