@@ -96,17 +96,20 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
         d = mrf_description(flips, 0.01, phases_rad=phases)
         t = tissue(device, pools, n=200, b0=quadratic)
         t1 = t.t1_ms.clone().requires_grad_()
-        t = TissueProperties(**{**dict(t.items()), "t1_ms": t1})
+        # M0's gradient reads each sample's F+(0), which the general adjoints keep apart from the states
+        m0 = torch.linspace(0.8, 1.2, 200, device=device).requires_grad_()
+        t = TissueProperties(**{**dict(t.items()), "t1_ms": t1, "m0": m0})
         signal = engine.simulate(d, t, states=states)
-        g_flip, g_t1 = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, t1])
+        g_flip, g_t1, g_m0 = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, t1, m0])
         sig, J = engine.jacobian(d, t, ("t1_ms", "t2_ms"), states=states)
-        h_flip, h_t1 = torch.autograd.grad((J.abs() ** 2).sum(), [flips, t1])
-        results[device] = (signal, g_flip, g_t1, J, h_flip, h_t1)
+        h_flip, h_t1, h_m0 = torch.autograd.grad((J.abs() ** 2).sum(), [flips, t1, m0])
+        results[device] = (signal, g_flip, g_t1, J, h_flip, h_t1, g_m0, h_m0)
     cpu, gpu = results["cpu"], results["cuda"]
     assert rel_max_err(gpu[0], cpu[0]) < 1e-5
     assert rel_max_err(gpu[1], cpu[1]) < 1e-4 and rel_max_err(gpu[2], cpu[2]) < 1e-4
     assert column_rel_err(gpu[3], cpu[3]) < 1e-4  # per column (conftest): dS/dT1 is ~6x below dS/dT2 here
     assert rel_max_err(gpu[4], cpu[4]) < 1e-3 and rel_max_err(gpu[5], cpu[5]) < 1e-3
+    assert rel_max_err(gpu[6], cpu[6]) < 1e-4 and rel_max_err(gpu[7], cpu[7]) < 1e-3
 
 
 @pytest.mark.parametrize("pools", ("free", "poolb+mt"))

@@ -61,7 +61,7 @@ class Static:
     voxel_offset: int = 0  # the first voxel of a chunk within the call (its slice positions run on from there)
     profile_bins: int = 0
     profile_theta_max: float = 0.0
-    # The adjoints' replay slots a stretch at checkpoint_stride, one per pass (program.replay_slots; 0: one per
+    # The real plain adjoint's replay slots a stretch at checkpoint_stride (program.replay_slots; 0: one per
     # event, where the host action array is not at hand).
     checkpoint_slots: int = 0
 

@@ -478,31 +478,23 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
   }
 }
 
-// What step_adjoint reads of the state before the event: the whole state for a pass (the relaxation, pulse or
-// inversion's adjoint; vjp_voxel's replay keeps it in a slot), for an event that samples without one only
-// the F+(0) its sample reads (sample_without_pass: an MRF repetition's sample, which vjp_voxel keeps as nt
-// numbers, not a state), and nothing for an event that only crushes, shifts or spoils (it acts on lambda
-// alone: an MRF train's crusher, a third of its events).
-template <class N>
-BS_HD bool sample_without_pass(const EventValues<N>& ev) {
-  return !passes_over_states(ev.action) && ev.record >= 0 && ev.last_rep;
-}
+// Whether step_adjoint reads the state before the event (vjp_voxel's replay slot): one that only crushes,
+// shifts or spoils after itself acts on lambda alone, so its slot is neither written nor read (an MRF
+// train's crusher: a third of its events, whose copies in and out of the store went to waste).
 template <class N>
 BS_HD bool adjoint_reads_state(const EventValues<N>& ev) {
-  return passes_over_states(ev.action) || (ev.record >= 0 && ev.last_rep);
+  return (ev.action & (BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE)) || ev.record >= 0;
 }
 
 // Adjoint of one event. x_pre: state before the event (not read where adjoint_reads_state is false); kept:
 // the tables' products of its interval (tabulated layouts: step_forward's `keep`); tmp: scratch; l: lambda,
 // updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
-// sample_f0: for an event that samples without a pass (sample_without_pass), the transverse pools' F+(0) its
-// sample read (vjp_voxel keeps those, not the state), x_pre then not read.
 template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
                         State<S> x_pre, State<S> kept, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
                         const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
-                        const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), const Ref<S>* sample_f0 = nullptr) {
+                        const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = l.K;
   // Recompute the state ahead of the RF / ADC in tmp (tabulated: from the kept products, no table products).
@@ -512,7 +504,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   Interval<N> iv;
   const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
   const bool from_kept = complex_path && !pb.tabulated && (ev.action & BS_INTERVAL);
-  if (!from_products && !from_kept && !sample_f0 && adjoint_reads_state(ev)) copy_state(tmp, x_pre);
+  if (!from_products && !from_kept && adjoint_reads_state(ev)) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
     iv = make_interval(pb, t, ev);
     if (pb.tabulated)
@@ -522,7 +514,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     else
       relax(tmp.water(0), K, iv, tmp.k0);
   }
-  if ((ev.action & BS_CRUSH_BEFORE) && !sample_f0 && adjoint_reads_state(ev))
+  if (ev.action & BS_CRUSH_BEFORE)
     for (int p = 0; p < tmp.nt; ++p) shift(tmp.water(p), K);
   // Reverse order.
   if (ev.action & BS_SPOIL_AFTER) {
@@ -537,7 +529,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const Cx<N> turn = cis(-ev.phase);
     Cx<N> u;  // the sample's F+(0): on the lane that holds order 0 (zero elsewhere)
     if (tmp.k0 == 0) {
-      for (int p = 0; p < tmp.nt; ++p) u += transverse(sample_f0 ? (*sample_f0)[p] : tmp.fp(p)[0]);
+      for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
       u = u * turn;
       g.m0 += re_dot(w, u);
       for (int p = 0; p < l.nt; ++p) add_sample_adjoint(l.fp(p)[0], w, turn * t.m0);
@@ -590,26 +582,17 @@ template <class R>
 BS_HD int64_t state_size(const Problem<R>& pb) {
   return (2 * pb.nt + pb.nl) * pb.K;
 }
-// The store: the replayed stretch's states, then the checkpoints. Both adjoints keep a state per pass of the
-// stretch (an event that relaxes, rotates or inverts: passes_over_states), pb.slots where the caller counted
-// them (the most passes a stretch holds: an MRF train's are a third of its events), else one per event
-// (stride). The general adjoint (vjp_voxel) keeps with the tabulated layouts the tables' products of each
-// replayed pass as well, and after the checkpoints the F+(0) of each event that samples without a pass
-// (sample_values); the plain adjoint (`plain`: vjp_voxel_plain) its deferrals and lambda's state.
+// The store: the replayed stretch's states, then the checkpoints. The general adjoint keeps one state per
+// event of the stretch (stride) and with the tabulated layouts the tables' products of each replayed
+// interval (stride more); the plain adjoint (`plain`: vjp_voxel_plain) one per pass, pb.slots where the
+// caller counted them (the most passes a stretch holds: an MRF train's are a third of its events).
 template <class R>
 BS_HD int64_t checkpoint_count(const Problem<R>& pb) {
   return (pb.E * pb.reps + pb.stride - 1) / pb.stride;
 }
 template <class R>
 BS_HD int64_t replay_slots(const Problem<R>& pb, bool plain) {
-  const int64_t passes = pb.slots > 0 ? pb.slots : pb.stride;
-  return plain ? passes : (pb.tabulated ? 2 : 1) * passes;
-}
-// The general adjoint keeps, for an event of the stretch that samples without a pass, only what its sample
-// reads: its transverse pools' F+(0), nt numbers (up to a stride of them), after the checkpoints.
-template <class R>
-BS_HD int64_t sample_values(const Problem<R>& pb) {
-  return pb.stride * pb.nt;
+  return plain && pb.slots > 0 ? pb.slots : (pb.tabulated ? 2 : 1) * pb.stride;
 }
 // The store also holds each checkpoint's Deferral, one scalar each, in whole states after the checkpoints,
 // and one state more, lambda's while a stretch is replayed (vjp_voxel_plain).
@@ -619,8 +602,7 @@ BS_HD int64_t deferral_states(const Problem<R>& pb) {
 }
 template <class R>
 BS_HD int64_t store_states(const Problem<R>& pb, bool plain) {
-  if (plain) return replay_slots(pb, true) + checkpoint_count(pb) + deferral_states(pb) + 1;
-  return replay_slots(pb, false) + checkpoint_count(pb) + (sample_values(pb) + state_size(pb) - 1) / state_size(pb);
+  return replay_slots(pb, plain) + checkpoint_count(pb) + deferral_states(pb) + 1;
 }
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
 // for an adjoint) and, for adjoints, the store (`plain`: of vjp_voxel_plain): launch_rules.hpp sizes
@@ -637,7 +619,7 @@ BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool 
 // whose checkpoints' deferrals fill whole states of the lane's orders.
 template <class R>
 BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders, bool plain = false) {
-  if (!plain) return (replay_slots(pb, false) + checkpoint_count(pb)) * (2 * pb.nt + pb.nl) * orders + sample_values(pb);
+  if (!plain) return store_states(pb, false) * (2 * pb.nt + pb.nl) * orders;
   Problem<R> lane = pb;
   lane.K = orders;
   return store_states(lane, true) * state_size(lane);
@@ -672,13 +654,12 @@ template <class N, class S, class R, class EG, class Shift = LocalShift, class S
 BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
                      VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
                      const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), int64_t k0 = 0) {
-  const int64_t n = pb.E * pb.reps, stride = pb.stride, passes = replay_slots(pb, true);
+  const int64_t n = pb.E * pb.reps, stride = pb.stride;
   State<S> x = state_at(pb, work, 0, k0), tmp = state_at(pb, work, 1, k0), l = state_at(pb, work, 2, k0);
-  const int64_t replayed = replay_slots(pb, false);
+  const int64_t replayed = (pb.tabulated ? 2 : 1) * stride;
   auto replay = [&](int64_t j) { return state_at(pb, store, j, k0); };
-  auto kept = [&](int64_t j) { return state_at(pb, store, passes + j, k0); };  // tabulated layouts only
+  auto kept = [&](int64_t j) { return state_at(pb, store, stride + j, k0); };  // tabulated layouts only
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
-  const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along as vjp_voxel_plain's: load_event(pb, i) divides i by E, and
   // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
@@ -700,30 +681,14 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
     int64_t rep = i0 / pb.E, e = i0 - rep * pb.E;
     copy_state(x, checkpoint(c));
-    // The replay keeps a slot per pass and an F+(0) per sample without one (adjoint_reads_state), counted
-    // along (`slot`, `sampled`); the backward counts them down again.
-    int64_t slot = 0, sampled = 0;
     for (int64_t i = i0; i < i1; ++i) {
       const EventValues<N> ev = load_event<N>(pb, rep, e);
       if (++e == pb.E) {
         e = 0;
         ++rep;
       }
-      const bool pass = passes_over_states(ev.action);
-      if (pass) {
-        copy_state(replay(slot), x);
-      } else if (sample_without_pass(ev)) {  // the F+(0) its sample reads (after a crusher ahead of it)
-        State<S> at = x;
-        if (ev.action & BS_CRUSH_BEFORE) {
-          copy_state(tmp, x);
-          for (int p = 0; p < tmp.nt; ++p) shift(tmp.water(p), tmp.K);
-          at = tmp;
-        }
-        for (int p = 0; p < at.nt; ++p) samples[sampled * at.nt + p] = at.fp(p)[0];
-        ++sampled;
-      }
-      const State<S> keep = kept(slot);
-      if (pass) ++slot;
+      if (adjoint_reads_state(ev)) copy_state(replay(i - i0), x);
+      const State<S> keep = kept(i - i0);
       if (i + 1 < i1)
         step_forward(pb, v, t, ev, x, static_cast<const SampleIO<N>*>(nullptr), shift, pb.tabulated ? &keep : nullptr);
       else if (pb.tabulated && (ev.action & BS_INTERVAL))
@@ -734,13 +699,8 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
         e = pb.E - 1;
         --rep;
       }
-      const EventValues<N> ev = load_event<N>(pb, rep, e);
-      const bool sample = sample_without_pass(ev);
-      if (passes_over_states(ev.action)) --slot;  // (elsewhere x_pre and kept are not read)
-      const Ref<S> f0 = samples + (sample ? --sampled : 0) * l.nt;
-      // One call: each call of step_adjoint is inlined whole (three took the library from 42 to 56 MB).
-      step_adjoint(pb, v, t, ev, replay(slot), kept(slot), tmp, l, io, g, eg, tg, shift, shift_adjoint,
-                   sample ? &f0 : nullptr);
+      step_adjoint(pb, v, t, load_event<N>(pb, rep, e), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
+                   shift_adjoint);
     }
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
