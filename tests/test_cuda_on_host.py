@@ -165,7 +165,7 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
         d = mrf_description(flips, 0.01, phases_rad=phases)
         t = tissue("cpu", pools, n=DERIVATIVE_VOXELS, b0=quadratic)
         t1 = t.t1_ms.clone().requires_grad_()
-        # M0's gradient reads each sample's F+(0), which the general adjoints keep apart from the states
+        # M0's gradient reads each sample's F+(0) (an MRF sample is an event of its own: no pass, its own state)
         m0 = torch.linspace(0.8, 1.2, DERIVATIVE_VOXELS).requires_grad_()
         t = TissueProperties(**{**dict(t.items()), "t1_ms": t1, "m0": m0})
         signal = engine.simulate(d, t, states=states)

@@ -221,11 +221,10 @@ FIXED_TIMING_FIELDS = ("flips", "phases", "t1_ms", "t2_ms", "b0_hz", "m0")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case_name", ["mrf", "mrf_quadratic"])
 def test_vjp_with_fixed_timing_matches_oracle(case_name, dtype):
-    """With the repetition time fixed (not differentiated) an MRF train's samples are events of their own, no
-    zero-length interval kept for a derivative, and the complex adjoint keeps of each only the F+(0) its
-    sample read (event_loop.hpp sample_without_pass), which the gradients of M0 and the phases read: those,
-    the flips', T1's, T2's and B0's against the oracle. (The other oracle tests differentiate the repetition
-    time, whose intervals make every sample a pass.)"""
+    """With the repetition time fixed (not differentiated) an MRF train's samples are events of their own, with
+    no zero-length interval kept for a derivative: the complex adjoint's sample-only events, whose state
+    the gradients of M0 and the phases read. Those, the flips', T1's, T2's and B0's against the oracle.
+    (test_vjp_matches_oracle differentiates the repetition time, whose intervals make every sample a pass.)"""
     x = values(case_name, "complex")
 
     def gradients(run):
@@ -238,34 +237,6 @@ def test_vjp_with_fixed_timing_matches_oracle(case_name, dtype):
     got = gradients(lambda d: run_engine(case_name, d, dtype, "complex"))
     for name in FIXED_TIMING_FIELDS:
         assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_jacobian_cost_gradient_with_fixed_timing_matches_oracle(dtype):
-    """The gradient of sum |J(T1, T2)|^2 w.r.t. the phases and M0 with the repetition time fixed (the second
-    order's samples without a pass, as test_vjp_with_fixed_timing_matches_oracle's first order)."""
-    case_name = "mrf_quadratic"
-    x = values(case_name, "complex")
-    wanted = ("phases", "m0", "flips")
-    V = len(T1_MS)
-    leaf = leaves({k: x[k] for k in wanted})
-    with fwAD.dual_level():
-        one, zero = torch.ones(V, dtype=F64), torch.zeros(V, dtype=F64)
-        duals = {**x, **leaf}
-        duals["t1_ms"] = fwAD.make_dual(x["t1_ms"].repeat(2), torch.cat([one, zero]))
-        duals["t2_ms"] = fwAD.make_dual(x["t2_ms"].repeat(2), torch.cat([zero, one]))
-        tiled = {k: (v if k in ("t1_ms", "t2_ms") or k in EVENT_INPUTS else v.repeat(2)) for k, v in duals.items()}
-        description, tissue = build(case_name, tiled)
-        signal = play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
-        J_oracle = fwAD.unpack_dual(signal).tangent
-    expected = grads(J_oracle.abs().pow(2).sum(), leaf)
-    leaf = leaves({k: x[k] for k in wanted})
-    description, tissue = build(case_name, {**x, **leaf})
-    _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES,
-                    repetitions=CASES[case_name].repetitions, dtype=dtype, path="complex")
-    got = grads(J.abs().pow(2).sum(), leaf)
-    for name in wanted:
-        assert_close(got[name], expected[name], SECOND[dtype], dtype, name)
 
 
 FEW_STATES_FIELDS = ("t1_ms", "t2_ms", "b1")
@@ -449,12 +420,19 @@ def test_forward_ad_tangent_on_zero_length_interval():
 SECOND_ORDER_CASES = [("mrf", "real"), ("mrf", "complex"), ("bssfp", "real"), ("mrf_quadratic", "complex")]
 
 
+def jacobian_cost_inputs(path: str) -> tuple:
+    """The inputs the Jacobian cost is differentiated along: the flips and T1, and on the complex path the
+    phases and M0 too, whose gradients read the samples (with the repetition time fixed here, an MRF
+    train's samples are events of their own: test_vjp_with_fixed_timing_matches_oracle)."""
+    return ("flips", "t1_ms") + (("phases", "m0") if path == "complex" else ())
+
+
 @functools.cache
 def oracle_jacobian_cost_grad(case_name: str, path: str) -> dict:
-    """d/d(flips, T1) of sum |d signal / d(T1, T2)|^2 on the oracle: forward mode (tiled voxels, as in
-    oracle_jacobian) for the Jacobian, reverse mode through it."""
+    """d/d(jacobian_cost_inputs) of sum |d signal / d(T1, T2)|^2 on the oracle: forward mode (tiled voxels,
+    as in oracle_jacobian) for the Jacobian, reverse mode through it."""
     x = values(case_name, path)
-    wanted = leaves({"flips": x["flips"], "t1_ms": x["t1_ms"]})
+    wanted = leaves({k: x[k] for k in jacobian_cost_inputs(path)})
     V = len(T1_MS)
     with fwAD.dual_level():
         duals = {**x, **wanted}
@@ -471,10 +449,11 @@ def oracle_jacobian_cost_grad(case_name: str, path: str) -> dict:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("case_name", "path"), SECOND_ORDER_CASES)
 def test_jacobian_cost_gradient_matches_oracle(case_name, path, dtype):
-    """The gradient of sum |J(T1, T2)|^2 (a CRLB-like design cost) w.r.t. the flips and T1: the backward of
-    EpgJacobian, the second-order adjoint kernel."""
+    """The gradient of sum |J(T1, T2)|^2 (a CRLB-like design cost) w.r.t. the flips and T1 (and on the complex
+    path the phases and M0: jacobian_cost_inputs): the backward of EpgJacobian, the second-order adjoint
+    kernel."""
     x = values(case_name, path)
-    wanted = leaves({"flips": x["flips"], "t1_ms": x["t1_ms"]})
+    wanted = leaves({k: x[k] for k in jacobian_cost_inputs(path)})
     description, tissue = build(case_name, {**x, **wanted})
     _, J = jacobian(description, tissue, ("t1_ms", "t2_ms"), states=STATES,
                     repetitions=CASES[case_name].repetitions, dtype=dtype, path=path)
