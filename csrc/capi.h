@@ -83,11 +83,11 @@ typedef struct bs_program {
   int32_t num_transverse_pools;   /* nt                                                                */
   int32_t num_longitudinal_pools; /* nl                                                                */
   int32_t tabulated;              /* 1: relax with the tables; 0: pool model 0                         */
-  int32_t checkpoint_slots;       /* the states a replayed stretch keeps in the real plain adjoint: at
+  int32_t checkpoint_slots;       /* the states a replayed stretch keeps in the adjoints: at
                                      least the events that relax, rotate or invert (action & (ROTATE |
                                      INTERVAL | INVERSION)) within any stretch of checkpoint_stride events,
                                      stretches starting at multiples of it over every repetition's events
-                                     (0 <= slots <= stride); 0: one per event, as the other adjoints    */
+                                     (0 <= slots <= stride); 0: one per event                          */
   int64_t num_intervals;          /* D: table rows (distinct intervals)                                 */
   const int32_t* interval;        /* [E] read: table row of each event's interval (any value if none)   */
   int64_t wrap_interval;          /* table row of event 0's interval on repetitions after the first     */

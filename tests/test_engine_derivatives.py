@@ -216,16 +216,23 @@ def test_vjp_broadcast_shapes_and_shared_values(path, dtype):
 
 
 FIXED_TIMING_FIELDS = ("flips", "phases", "t1_ms", "t2_ms", "b0_hz", "m0")
+#: A second water pool exchanging with free water (the tabulated layout): the sample reads the sum of both
+#: pools' F+(0), which the adjoint keeps for each sample without a pass.
+POOL_B = {"pool_b_fraction": 0.25, "pool_b_exchange_hz": 20.0, "t1_pool_b_ms": 700.0, "t2_pool_b_ms": 25.0,
+          "pool_b_shift_hz": 12.0}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case_name", ["mrf", "mrf_quadratic"])
-def test_vjp_with_fixed_timing_matches_oracle(case_name, dtype):
+@pytest.mark.parametrize(("case_name", "pool_b"), [("mrf", False), ("mrf_quadratic", False), ("mrf", True)])
+def test_vjp_with_fixed_timing_matches_oracle(case_name, pool_b, dtype):
     """With the repetition time fixed (not differentiated) an MRF train's samples are events of their own, with
     no zero-length interval kept for a derivative: the complex adjoint's sample-only events, whose state
-    the gradients of M0 and the phases read. Those, the flips', T1's, T2's and B0's against the oracle.
+    the gradients of M0 and the phases read. Those, the flips', T1's, T2's and B0's against the oracle, with
+    pool model 0 and with a second water pool (pool_b: both pools' F+(0) kept for each such sample).
     (test_vjp_matches_oracle differentiates the repetition time, whose intervals make every sample a pass.)"""
     x = values(case_name, "complex")
+    if pool_b:
+        x.update({k: f64([v] * len(T1_MS)) for k, v in POOL_B.items()})
 
     def gradients(run):
         leaf = leaves({k: x[k] for k in FIXED_TIMING_FIELDS})

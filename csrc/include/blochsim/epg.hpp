@@ -64,7 +64,7 @@ template <class R>
 struct Problem {
   int64_t E, reps, S, K;
   int stride;
-  int slots;  // the real plain adjoint's replay slots a stretch (bs_program checkpoint_slots; 0: stride)
+  int slots;  // the adjoints' replay slots a stretch, one per pass (bs_program checkpoint_slots; 0: stride)
   const int32_t* action;
   const int32_t* record;
   Input<R> dt, dt_wrap, flip, phase;

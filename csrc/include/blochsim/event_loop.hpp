@@ -152,9 +152,29 @@ struct Deferral {
   bool spoiled = false;  // step_forward_plain: a spoiler carried into the next pass as E2 = 0
 };
 
-template <class N, class S, class R, class Shift = LocalShift>
+// What the general adjoint's replay (vjp_voxel) keeps of an event that samples without a pass
+// (sample_without_pass): the F+(0) of each transverse pool, which is all its sample's adjoint reads, written
+// by step_forward where it forms the sample (`at`, nt numbers; `signal` false: an event with nothing kept).
+template <class S>
+struct KeptPoolsF0 {
+  Ref<S> at;
+  bool signal;
+};
+// A sample of the state x (after the event's pulse) to the caller's signal, or to the replay's KeptPoolsF0.
+template <class N, class S>
+BS_HD void write_sample(const SampleIO<N>* io, const EventValues<N>& ev, const Voxel<N>& t, State<S> x) {
+  Cx<N> sum;
+  for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
+  io->put(ev.record, sum * (ev.turn ? *ev.turn : cis(-ev.phase)) * t.m0);
+}
+template <class N, class S>
+BS_HD void write_sample(const KeptPoolsF0<S>* io, const EventValues<N>&, const Voxel<N>&, State<S> x) {
+  for (int p = 0; p < x.nt; ++p) io->at[p] = x.fp(p)[0];
+}
+
+template <class N, class S, class R, class Shift = LocalShift, class IO = SampleIO<N>>
 BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        const SampleIO<N>* io, const Shift& shift = Shift(), const State<S>* keep = nullptr,
+                        const IO* io, const Shift& shift = Shift(), const State<S>* keep = nullptr,
                         Deferral* defer = nullptr) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = x.K;  // orders held here: pb.K, or a lane's share
@@ -190,11 +210,7 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     }
     if (x.nl > x.nt) saturate(x, alpha, fetch_table<N>(pb.table_sat, v, ev.e));
   }
-  if (io && io->signal && ev.record >= 0 && ev.last_rep && x.k0 == 0) {
-    Cx<N> sum;
-    for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
-    io->put(ev.record, sum * (ev.turn ? *ev.turn : cis(-ev.phase)) * t.m0);
-  }
+  if (io && io->signal && ev.record >= 0 && ev.last_rep && x.k0 == 0) write_sample(io, ev, t, x);
   if (ev.action & BS_SPOIL_AFTER) {  // a crusher ahead of the spoiler would move states it clears
     for (int p = 0; p < x.nt; ++p) spoil(x.water(p), K);
   } else {
@@ -478,17 +494,20 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
   }
 }
 
-// Whether step_adjoint reads the state before the event (vjp_voxel's replay slot): one that only crushes,
-// shifts or spoils after itself acts on lambda alone, so its slot is neither written nor read (an MRF
-// train's crusher: a third of its events, whose copies in and out of the store went to waste).
+// What step_adjoint reads of the state before an event: the whole state for a pass (the relaxation, pulse or
+// inversion's adjoint: vjp_voxel's replay keeps it in a slot), for an event that samples without one only
+// the F+(0) its sample read (sample_without_pass: an MRF repetition's readout, whose F+(0) the replay keeps,
+// KeptPoolsF0), and nothing for an event that only crushes, shifts or spoils (it acts on lambda alone: an
+// MRF train's crusher, a third of its events).
 template <class N>
-BS_HD bool adjoint_reads_state(const EventValues<N>& ev) {
-  return (ev.action & (BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE)) || ev.record >= 0;
+BS_HD bool sample_without_pass(const EventValues<N>& ev) {
+  return !passes_over_states(ev.action) && ev.record >= 0 && ev.last_rep;
 }
 
-// Adjoint of one event. x_pre: state before the event (not read where adjoint_reads_state is false); kept:
-// the tables' products of its interval (tabulated layouts: step_forward's `keep`); tmp: scratch; l: lambda,
-// updated in place.
+// Adjoint of one event. x_pre: state before the event, read for a pass only; for an event that samples
+// without one, tmp holds on order 0's lane the F+(0) of each pool its sample read (tmp.fp(p)[0], as the
+// replay kept them); kept: the tables' products of its interval (tabulated layouts: step_forward's `keep`);
+// tmp: scratch; l: lambda, updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
 template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
@@ -504,7 +523,8 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   Interval<N> iv;
   const bool from_products = pb.tabulated && (ev.action & BS_INTERVAL);
   const bool from_kept = complex_path && !pb.tabulated && (ev.action & BS_INTERVAL);
-  if (!from_products && !from_kept && adjoint_reads_state(ev)) copy_state(tmp, x_pre);
+  const bool pass = passes_over_states(ev.action);
+  if (!from_products && !from_kept && pass) copy_state(tmp, x_pre);
   if (ev.action & BS_INTERVAL) {
     iv = make_interval(pb, t, ev);
     if (pb.tabulated)
@@ -514,7 +534,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     else
       relax(tmp.water(0), K, iv, tmp.k0);
   }
-  if (ev.action & BS_CRUSH_BEFORE)
+  if ((ev.action & BS_CRUSH_BEFORE) && pass)  // (a sample without a pass: kept after its crusher)
     for (int p = 0; p < tmp.nt; ++p) shift(tmp.water(p), K);
   // Reverse order.
   if (ev.action & BS_SPOIL_AFTER) {
@@ -582,17 +602,26 @@ template <class R>
 BS_HD int64_t state_size(const Problem<R>& pb) {
   return (2 * pb.nt + pb.nl) * pb.K;
 }
-// The store: the replayed stretch's states, then the checkpoints. The general adjoint keeps one state per
-// event of the stretch (stride) and with the tabulated layouts the tables' products of each replayed
-// interval (stride more); the plain adjoint (`plain`: vjp_voxel_plain) one per pass, pb.slots where the
-// caller counted them (the most passes a stretch holds: an MRF train's are a third of its events).
+// The store: the replayed stretch's states, then the checkpoints. Both adjoints keep a state per pass of the
+// stretch (an event that relaxes, rotates or inverts: passes_over_states), pb.slots where the caller counted
+// them (the most passes a stretch holds: an MRF train's are a third of its events), else one per event
+// (stride). The general adjoint (vjp_voxel) keeps with the tabulated layouts the tables' products of each
+// replayed pass as well, and after the checkpoints the F+(0) of each event that samples without a pass
+// (sample_values); the plain adjoint (`plain`: vjp_voxel_plain) its deferrals and lambda's state.
 template <class R>
 BS_HD int64_t checkpoint_count(const Problem<R>& pb) {
   return (pb.E * pb.reps + pb.stride - 1) / pb.stride;
 }
 template <class R>
 BS_HD int64_t replay_slots(const Problem<R>& pb, bool plain) {
-  return plain && pb.slots > 0 ? pb.slots : (pb.tabulated ? 2 : 1) * pb.stride;
+  const int64_t passes = pb.slots > 0 ? pb.slots : pb.stride;
+  return plain || !pb.tabulated ? passes : 2 * passes;
+}
+// The general adjoint keeps, for each event of a stretch that samples without a pass, its transverse pools'
+// F+(0): nt numbers, up to a stride of them, after the checkpoints.
+template <class R>
+BS_HD int64_t sample_values(const Problem<R>& pb) {
+  return int64_t(pb.stride) * pb.nt;
 }
 // The store also holds each checkpoint's Deferral, one scalar each, in whole states after the checkpoints,
 // and one state more, lambda's while a stretch is replayed (vjp_voxel_plain).
@@ -602,7 +631,8 @@ BS_HD int64_t deferral_states(const Problem<R>& pb) {
 }
 template <class R>
 BS_HD int64_t store_states(const Problem<R>& pb, bool plain) {
-  return replay_slots(pb, plain) + checkpoint_count(pb) + deferral_states(pb) + 1;
+  if (plain) return replay_slots(pb, true) + checkpoint_count(pb) + deferral_states(pb) + 1;
+  return replay_slots(pb, false) + checkpoint_count(pb) + (sample_values(pb) + state_size(pb) - 1) / state_size(pb);
 }
 // Scratch a thread needs in device memory, in S: the work state(s) (run-time K only: one forward, three
 // for an adjoint) and, for adjoints, the store (`plain`: of vjp_voxel_plain): launch_rules.hpp sizes
@@ -619,7 +649,7 @@ BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool 
 // whose checkpoints' deferrals fill whole states of the lane's orders.
 template <class R>
 BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders, bool plain = false) {
-  if (!plain) return store_states(pb, false) * (2 * pb.nt + pb.nl) * orders;
+  if (!plain) return (replay_slots(pb, false) + checkpoint_count(pb)) * (2 * pb.nt + pb.nl) * orders + sample_values(pb);
   Problem<R> lane = pb;
   lane.K = orders;
   return store_states(lane, true) * state_size(lane);
@@ -654,12 +684,13 @@ template <class N, class S, class R, class EG, class Shift = LocalShift, class S
 BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
                      VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
                      const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), int64_t k0 = 0) {
-  const int64_t n = pb.E * pb.reps, stride = pb.stride;
+  const int64_t n = pb.E * pb.reps, stride = pb.stride, passes = replay_slots(pb, true);
   State<S> x = state_at(pb, work, 0, k0), tmp = state_at(pb, work, 1, k0), l = state_at(pb, work, 2, k0);
-  const int64_t replayed = (pb.tabulated ? 2 : 1) * stride;
+  const int64_t replayed = replay_slots(pb, false);
   auto replay = [&](int64_t j) { return state_at(pb, store, j, k0); };
-  auto kept = [&](int64_t j) { return state_at(pb, store, stride + j, k0); };  // tabulated layouts only
+  auto kept = [&](int64_t j) { return state_at(pb, store, passes + j, k0); };  // tabulated layouts only
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
+  const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along as vjp_voxel_plain's: load_event(pb, i) divides i by E, and
   // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
@@ -681,26 +712,40 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
     int64_t rep = i0 / pb.E, e = i0 - rep * pb.E;
     copy_state(x, checkpoint(c));
+    // A slot per pass and the F+(0) of each sample without one, counted along here and down again in the
+    // backward (32-bit counters and a state chosen at compile time: a run-time choice between x and tmp, or
+    // the kept values handed to step_adjoint by reference, put a group's register states on the stack).
+    int32_t slot = 0, sampled = 0;
     for (int64_t i = i0; i < i1; ++i) {
       const EventValues<N> ev = load_event<N>(pb, rep, e);
       if (++e == pb.E) {
         e = 0;
         ++rep;
       }
-      if (adjoint_reads_state(ev)) copy_state(replay(i - i0), x);
-      const State<S> keep = kept(i - i0);
-      if (i + 1 < i1)
-        step_forward(pb, v, t, ev, x, static_cast<const SampleIO<N>*>(nullptr), shift, pb.tabulated ? &keep : nullptr);
+      const bool pass = passes_over_states(ev.action), sample = sample_without_pass(ev);
+      if (pass) copy_state(replay(slot), x);
+      const State<S> keep = kept(slot);
+      const KeptPoolsF0<S> f0{samples + int64_t(sampled) * pb.nt, sample};
+      if (i + 1 < i1 || sample)  // (the stretch's last event is stepped only where it keeps its sample)
+        step_forward(pb, v, t, ev, x, &f0, shift, pb.tabulated ? &keep : nullptr);
       else if (pb.tabulated && (ev.action & BS_INTERVAL))
         relax_tables<false>(pb, v, interval_row(pb, ev), Interval<N>(), x, &keep);
+      slot += pass;
+      sampled += sample;
     }
     for (int64_t i = i1 - 1; i >= i0; --i) {  // (rep, e) is i1's
       if (--e < 0) {
         e = pb.E - 1;
         --rep;
       }
-      step_adjoint(pb, v, t, load_event<N>(pb, rep, e), replay(i - i0), kept(i - i0), tmp, l, io, g, eg, tg, shift,
-                   shift_adjoint);
+      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      if (passes_over_states(ev.action)) --slot;  // (elsewhere the slot named is not read)
+      if (sample_without_pass(ev)) {
+        --sampled;
+        if (tmp.k0 == 0)
+          for (int p = 0; p < tmp.nt; ++p) tmp.fp(p)[0] = samples[int64_t(sampled) * tmp.nt + p];
+      }
+      step_adjoint(pb, v, t, ev, replay(slot), kept(slot), tmp, l, io, g, eg, tg, shift, shift_adjoint);
     }
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
