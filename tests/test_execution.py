@@ -324,27 +324,32 @@ def test_chunks_are_cut_in_whole_waves_of_their_kernel(monkeypatch):
 
 def test_a_chunk_under_the_scratch_cap_is_stretched_to_one_wave(monkeypatch):
     """Without a budget, a chunk the scratch cap holds to most of a wave (about 9,900 voxels of a kernel that
-    keeps 12,000 resident) takes the whole wave, its scratch up to a third over the cap (11,904: aligned to blocks),
-    or the whole call where it is under a wave; not where the wave needs more than that (14,000), where the
-    larger launch takes another kernel, under a budget the caller gave, nor for a pass that does not ask.
-    The device is a name here."""
+    keeps 12,000 resident) takes the whole wave where its scratch is within the pass's factor of the cap
+    (11,904: aligned to blocks; the second order's factor 4/3), or the whole call where it is under a wave;
+    not where the wave needs more than that (14,000 at 4/3; at the first order's factor of 2, 19,000 fits and
+    21,000 does not), where the larger launch takes another kernel, under a budget the caller gave, nor for
+    a pass that does not ask. The device is a name here."""
     monkeypatch.setattr(_execution, "cuda_free_bytes", lambda device: 80 * 2**30)
     card, cap = torch.device("cuda", 0), _execution.DEFAULT_SCRATCH_BYTES
+    second, first = K._FILL_WAVE["bs_epg_vjp_jvp"], K._FILL_WAVE["bs_epg_vjp"]
+    assert (second, first) == (4 / 3, 2.0)
 
-    def planned(V, resident, budget=None):
+    def planned(V, resident, budget=None, fill_wave=second):
         with blochsim.execution(budget_bytes=budget):
             runner = chunks.Runner(card, V, "test")
-            return runner.chunk(64, lambda c: cap * c // 10_000, resident, fill_wave=True)
+            return runner.chunk(64, lambda c: cap * c // 10_000, resident, fill_wave=fill_wave)
 
     base = planned(1_000_000, None)  # the cap's chunk: about 10,000 voxels
     assert 9_800 <= base <= 10_000 and base % 128 == 0
     assert planned(1_000_000, lambda c: 12_000) == 11_904
     assert planned(11_000, lambda c: 12_000) == 11_000  # under a wave: whole
     assert planned(1_000_000, lambda c: 14_000) == base
+    assert planned(1_000_000, lambda c: 19_000, fill_wave=first) == 18_944
+    assert planned(1_000_000, lambda c: 21_000, fill_wave=first) == base
     assert planned(1_000_000, lambda c: 12_000 if c < 10_000 else 20_000) == base
     budget = cap + 64 * 10_000  # the same chunk, from a budget: never stretched
     assert planned(1_000_000, lambda c: 12_000, budget=budget) <= 10_000
-    with blochsim.execution():  # a pass that does not ask (the second order alone does: kernels._Placed)
+    with blochsim.execution():  # a pass that does not ask (the adjoints do: kernels._FILL_WAVE)
         assert chunks.Runner(card, 1_000_000, "test").chunk(64, lambda c: cap * c // 10_000, lambda c: 12_000) == base
 
 

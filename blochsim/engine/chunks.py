@@ -129,10 +129,10 @@ class Runner:
         return self.device == self.home and self.device.type == "cpu" and self.policy.budget_bytes is None
 
     def chunk(self, per_voxel_bytes: int, scratch: Callable[[int], int] | None = None,
-              resident: Callable[[int], int] | None = None, fill_wave: bool = False) -> int:
+              resident: Callable[[int], int] | None = None, fill_wave: float = 0.0) -> int:
         """Voxels per chunk: the largest c whose byte model fits the budget of a lane, in whole waves of the
-        pass's kernel where it holds one or more, or with `fill_wave` one wave where the scratch cap allows
-        most of one.
+        pass's kernel where it holds one or more, or, with `fill_wave` (a factor over 1), one wave where its
+        scratch is within that factor of the scratch cap.
 
         `per_voxel_bytes`: bytes of the per-voxel arrays the pass touches, per voxel. `scratch(c)`: the
         library's scratch for c voxels (None on the host, whose scratch is per thread, not per voxel).
@@ -177,13 +177,13 @@ class Runner:
         if lo >= align:
             lo -= lo % align
         if WHOLE_WAVES and resident is not None:
-            # Over the scratch cap (not a budget the caller gave) by up to a third, to fill one wave.
+            # Over the scratch cap (not a budget the caller gave) by up to fill_wave times, to fill one wave.
             def stretch_fits(c: int) -> bool:
-                return scratch_cap is not None and model(c) <= budget and scratch(c) <= scratch_cap * 4 // 3
+                return scratch_cap is not None and model(c) <= budget and scratch(c) <= int(scratch_cap * fill_wave)
 
             wave = resident(lo)  # the voxels the kernel of a launch of lo keeps on the card
             waves = self._whole_waves(lo, align, wave, resident) or \
-                (fill_wave and self._one_wave(lo, V, align, wave, resident, stretch_fits))
+                (fill_wave > 1 and self._one_wave(lo, V, align, wave, resident, stretch_fits))
             if waves:
                 return waves
         even = -(-V // -(-V // lo))  # the same voxels in chunks of (nearly) equal size
@@ -208,13 +208,17 @@ class Runner:
         """A chunk of one wave where the scratch cap allows `lo`, under one (0: none). A launch of 0.9 of a wave
         of the second order takes as long as a whole one, so the pooled HVP's 10,000 voxel passes at 5k in
         chunks of 896 (its second order keeps 1,056 resident) took 12 launches where 10 do. The wave, or the
-        call's voxels where fewer, is taken where `stretch_fits` it (the cap stretched by a third at most: the
-        scratch, and the peak, grow by up to a third of the cap) and its launch takes the same kernel.
-        H100, alternated (benchmarks/results/mapping/api_cases-*-s16s-*), ms: real HVP 20k 34.3-34.6 ->
-        30.7-30.8 (chunks of 6,784 -> 8,448), pooled HVP 5k 18.4-19.2 -> 16.2-16.9, 20k 66.0-66.1 ->
-        59.1-60.0. Only the second order asks it (`fill_wave`): the complex JVP at 20k, a thread per voxel
-        with its states in device scratch, ran whole where it ran as two launches of 10,112 and took 18 ms
-        longer (the HVP 277.6 against 258.8): a kernel bound by its scratch's traffic has no waves to fill."""
+        call's voxels where fewer, is taken where `stretch_fits` it (the cap stretched by the pass's factor at
+        most, kernels._FILL_WAVE: the scratch, and the peak, grow by up to that share of the cap) and its
+        launch takes the same kernel. H100, alternated (benchmarks/results/mapping/api_cases-*-s16s-*), ms:
+        real HVP 20k 34.3-34.6 -> 30.7-30.8 (chunks of 6,784 -> 8,448), pooled HVP 5k 18.4-19.2 -> 16.2-16.9,
+        20k 66.0-66.1 -> 59.1-60.0 (a third over the cap). The first order's group adjoints, whose launches
+        the cap held to 0.6 of a wave, to twice the cap (mapping/api_cases-*-s20b-wave-*): complex gradient
+        5k 9.56-9.57 -> 6.50-6.53 ms, 20k 27.9-28.0 -> 21.5-21.6 (peak 267 -> 314 MiB), pooled5 gradient 2k
+        6.0 -> 4.8 (109 -> 143 MiB). The adjoints alone ask it (`fill_wave`): the complex JVP at 20k, a thread
+        per voxel with its states in device scratch, ran whole where it ran as two launches of 10,112 and took
+        18 ms longer (the HVP 277.6 against 258.8): a kernel bound by its scratch's traffic has no waves to
+        fill."""
         if wave <= lo:
             return 0
         c = V if V <= wave else wave - wave % align

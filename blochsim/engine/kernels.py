@@ -61,7 +61,7 @@ class Static:
     voxel_offset: int = 0  # the first voxel of a chunk within the call (its slice positions run on from there)
     profile_bins: int = 0
     profile_theta_max: float = 0.0
-    # The real plain adjoint's replay slots a stretch at checkpoint_stride (program.replay_slots; 0: one per
+    # The adjoints' replay slots a stretch at checkpoint_stride, one per pass (program.replay_slots; 0: one per
     # event, where the host action array is not at hand).
     checkpoint_slots: int = 0
 
@@ -248,6 +248,9 @@ def _fold(inputs, grads):
 
 _PASSES = {"bs_epg_forward": 0, "bs_epg_jvp": 1, "bs_epg_vjp": 2, "bs_epg_vjp_jvp": 3}
 _ADJOINTS = ("bs_epg_vjp", "bs_epg_vjp_jvp")
+#: How far over its scratch cap an adjoint's chunk may go to fill one wave of its kernel (chunks.Runner
+#: _one_wave): the second order by a third, the first order to twice the cap.
+_FILL_WAVE = {"bs_epg_vjp": 2.0, "bs_epg_vjp_jvp": 4 / 3}
 
 
 def _call(st: Static, entry: str, args) -> None:
@@ -350,7 +353,7 @@ class _Placed:
         def at(stride: int) -> tuple:  # the library's scratch and resident voxels for c voxels at this stride
             return (lambda c: scratch(c, stride)), (resident and (lambda c: resident(c, stride)))
 
-        fill_wave = entry == "bs_epg_vjp_jvp"  # (chunks.Runner._one_wave says why the second order alone)
+        fill_wave = _FILL_WAVE.get(entry, 0.0)  # (chunks.Runner._one_wave says why the adjoints alone)
         chunk = runner.chunk(per_voxel, *at(self.stride), fill_wave=fill_wave)
         if entry in _ADJOINTS and chunk < V:
             stride = least()

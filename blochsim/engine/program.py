@@ -183,7 +183,7 @@ def slots_at(action: torch.Tensor, repetitions: int) -> Callable[[int], int]:
 
 
 def replay_slots(action: np.ndarray, repetitions: int, stride: int) -> int:
-    """The states the real plain adjoint keeps while it replays a stretch (bs_program checkpoint_slots): the
+    """The states the adjoints keep while they replay a stretch (bs_program checkpoint_slots): the
     most events that touch the states (relax, rotate or invert) within one stretch of `stride` events, the
     stretches starting at multiples of `stride` over every repetition's events. At least 1."""
     passes = np.tile((np.asarray(action) & _PASS) != 0, repetitions)
