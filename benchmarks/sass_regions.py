@@ -10,14 +10,22 @@ Static counts are not executed instructions: a statement in a loop over events r
 before the loop once a call. They tell where the code of a change went (a variant against the tree), before
 a card times it; docs/design.md quotes them beside the card's numbers.
 
+Executed counts: `--library` takes the kernel's machine code from a CUDA library built with -lineinfo
+(CMAKE_CUDA_FLAGS=-lineinfo: the same code, with line tables) instead of compiling it, and `--executed` reads
+ncu's per-instruction counters of one launch of that kernel from that library (`ncu --section SourceCounters
+--export R ...`, then `ncu --import R.ncu-rep --page source --csv --print-source sass > FILE`): each statement
+then shows the warp instructions it executed and the warp-state samples (stalls) taken on it.
+
 Run: python benchmarks/sass_regions.py [--kernel "bs::vjp_kernel<float, float, 32, float>"]
          [--function vjp_voxel_plain] [--source DIR] [--patch benchmarks/variants/NAME.patch]
+         [--library build/lineinfo/libblochsim_cuda.so --executed ncu-source.csv]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import csv
 import re
 import shutil
 import subprocess
@@ -79,9 +87,61 @@ def compile_kernel(source: Path, kernel: str, work: Path) -> tuple[Path, str]:
     return cubin, "; ".join(summary)
 
 
-def attribute(disassembly: str, header: Path, first: int, last: int) -> dict:
+def library_disassembly(library: Path, kernel: str, work: Path) -> tuple[str, str]:
+    """The kernel's disassembly with inlined line information, from the cubin in a built CUDA library that holds
+    it, and its registers and stack (cuobjdump -res-usage)."""
+    listing = subprocess.run([tool("cuobjdump"), "-lelf", str(library)], check=True, capture_output=True, text=True)
+    for name in re.findall(r"ELF file\s+\d+: (\S+\.cubin)", listing.stdout):
+        subprocess.run([tool("cuobjdump"), "-xelf", name, str(library)], cwd=work, check=True, capture_output=True)
+        cubin = work / name
+        symbols = subprocess.run(["readelf", "-sW", str(cubin)], check=True, capture_output=True, text=True).stdout
+        for line in symbols.splitlines():
+            fields = line.split()
+            if len(fields) < 8 or fields[3] != "FUNC":
+                continue
+            mangled = fields[-1]
+            demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
+            if not re.match(rf"(void )?{re.escape(kernel)}\(", demangled):  # (a kernel's demangled name: void ...)
+                continue
+            text = subprocess.run([tool("nvdisasm"), "--print-line-info-inline", "-fun", fields[0].rstrip(":"),
+                                   str(cubin)], check=True, capture_output=True, text=True).stdout
+            # -fun restricts nothing but the executable sections printed: keep the kernel's own.
+            section = re.search(rf"\.text\.{re.escape(mangled)}:\n(.*?)(?=\n\s*\.section|\Z)", text, flags=re.S)
+            usage = subprocess.run([tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True,
+                                   text=True).stdout
+            found = re.search(rf"Function {re.escape(mangled)}:\s*\n\s*(.*)", usage)
+            return section.group(1), found.group(1).strip() if found else ""
+        cubin.unlink()
+    sys.exit(f"sass_regions: no {kernel} in {library}")
+
+
+def executed_counts(path: Path) -> dict:
+    """Offset in the function -> (warp instructions executed, warp-state samples), from ncu's SASS source page
+    (csv). Addresses there are the loaded code's: offsets count from the first."""
+    with path.open(newline="") as handle:
+        lines = handle.read().splitlines()
+    # (ncu writes a line naming the kernel ahead of the header row)
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), 0)
+    rows = [row for row in csv.DictReader(lines[start:]) if row.get("Address", "").startswith("0x")]
+
+    def column(*names: str) -> str:
+        for name in names:
+            if name in rows[0]:
+                return name
+        sys.exit(f"sass_regions: none of {names} in {path}'s columns: {list(rows[0])}")
+
+    def number(text: str) -> float:
+        return float(text.replace(",", "") or 0)
+
+    executed = column("Instructions Executed", "Warp Instructions Executed")
+    samples = column("Warp Stall Sampling (All Samples)", "Sampling Data (All)")
+    base = min(int(row["Address"], 16) for row in rows)
+    return {int(row["Address"], 16) - base: (number(row[executed]), number(row[samples])) for row in rows}
+
+
+def attribute(disassembly: str, header: Path, first: int, last: int, executed: dict | None = None) -> dict:
     """Instructions, moves and local loads/stores per statement line of the function (outermost inlined frame
-    inside its range)."""
+    inside its range), and with `executed` (executed_counts) the warp instructions executed and the samples."""
     counts = collections.defaultdict(collections.Counter)
     frames: list[tuple[str, int]] = []
     fresh = False
@@ -108,6 +168,10 @@ def attribute(disassembly: str, header: Path, first: int, last: int) -> dict:
         counts[site]["instructions"] += 1
         counts[site]["moves"] += opcode.startswith("MOV")
         counts[site]["local"] += opcode.startswith(("LDL", "STL"))
+        if executed is not None:
+            done, sampled = executed.get(int(found.group(1), 16), (0.0, 0.0))
+            counts[site]["executed"] += done
+            counts[site]["samples"] += sampled
     return counts
 
 
@@ -118,7 +182,12 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose csrc/ is compiled")
     parser.add_argument("--patch", type=Path, help="a variant (benchmarks/variants/*.patch) applied to a copy")
     parser.add_argument("--min", type=int, default=40, help="list statements with at least this many instructions")
+    parser.add_argument("--library", type=Path, help="take the kernel from this CUDA library (built with -lineinfo)")
+    parser.add_argument("--executed", type=Path, help="ncu's SASS source page (csv) of one launch of the kernel "
+                        "from --library: executed instructions and samples per statement")
     args = parser.parse_args()
+    if args.executed and not args.library:
+        parser.error("--executed reads a launch of the kernel of --library")
     with tempfile.TemporaryDirectory() as name:
         work = Path(name)
         source = args.source
@@ -127,24 +196,37 @@ def main() -> None:
             shutil.copytree(args.source / "csrc", source / "csrc")
             subprocess.run(["patch", "-p1", "-s", "-i", str(args.patch.resolve())], cwd=source, check=True)
         header, first, last = function_lines(source, args.function)
-        cubin, summary = compile_kernel(source, args.kernel, work)
-        disassembly = subprocess.run([tool("nvdisasm"), "--print-line-info-inline", str(cubin)], check=True,
-                                     capture_output=True, text=True).stdout
+        if args.library:
+            disassembly, summary = library_disassembly(args.library, args.kernel, work)
+        else:
+            cubin, summary = compile_kernel(source, args.kernel, work)
+            disassembly = subprocess.run([tool("nvdisasm"), "--print-line-info-inline", str(cubin)], check=True,
+                                         capture_output=True, text=True).stdout
         text = header.read_text().splitlines()
-    counts = attribute(disassembly, header, first, last)
-    print(f"{args.kernel}: {summary}")
-    print(f"{args.function} ({header.name}:{first}-{last}), statements of {args.min}+ instructions or any spill:")
-    print(f"{'line':>8}{'instr':>8}{'moves':>7}{'local':>7}  statement")
-    for site in sorted(counts, key=lambda s: (s == "outside", s if s != "outside" else 0)):
-        c = counts[site]
-        if c["instructions"] < args.min and not c["local"] and site != "outside":
-            continue
-        statement = "" if site == "outside" else text[site - 1].strip()[:70]
-        print(f"{site:>8}{c['instructions']:>8}{c['moves']:>7}{c['local']:>7}  {statement}")
+    executed = executed_counts(args.executed) if args.executed else None
+    counts = attribute(disassembly, header, first, last, executed)
     total = collections.Counter()
     for c in counts.values():
         total.update(c)
-    print(f"{'total':>8}{total['instructions']:>8}{total['moves']:>7}{total['local']:>7}")
+    print(f"{args.kernel}: {summary}")
+    print(f"{args.function} ({header.name}:{first}-{last}), statements of {args.min}+ instructions or any spill"
+          + (", or 1 % of the executed instructions or samples:" if executed else ":"))
+    dynamic = f"{'executed':>12}{'%':>6}{'samples %':>10}" if executed else ""
+    print(f"{'line':>8}{'instr':>8}{'moves':>7}{'local':>7}{dynamic}  statement")
+
+    def share(c, key: str) -> float:
+        return 100.0 * c[key] / total[key] if total[key] else 0.0
+
+    for site in sorted(counts, key=lambda s: (s == "outside", s if s != "outside" else 0)):
+        c = counts[site]
+        wide = executed is not None and (share(c, "executed") >= 1 or share(c, "samples") >= 1)
+        if c["instructions"] < args.min and not c["local"] and site != "outside" and not wide:
+            continue
+        statement = "" if site == "outside" else text[site - 1].strip()[:70]
+        dynamic = f"{c['executed']:>12.4g}{share(c, 'executed'):>6.1f}{share(c, 'samples'):>10.1f}" if executed else ""
+        print(f"{site:>8}{c['instructions']:>8}{c['moves']:>7}{c['local']:>7}{dynamic}  {statement}")
+    dynamic = f"{total['executed']:>12.4g}{100.0:>6.1f}{100.0:>10.1f}" if executed else ""
+    print(f"{'total':>8}{total['instructions']:>8}{total['moves']:>7}{total['local']:>7}{dynamic}")
 
 
 if __name__ == "__main__":
