@@ -282,6 +282,15 @@ __global__ void __launch_bounds__(128) decode_plain_events_kernel(const Problem<
   if (e <= pb.E) codes[e] = plain_code(pb, e);
 }
 
+// Before a general adjoint at the first order (vjp_warp_kernel): every event decoded once for the launch
+// (event_loop.hpp EventCode, event_code), a thread an entry.
+template <class N, class S, class R>
+__global__ void __launch_bounds__(128) decode_general_events_kernel(const Problem<R> pb, EventCode<R>* codes) {
+  static_assert(std::is_same<N, R>::value, "entries in the problem's reals: the first order");
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e < pb.E) codes[e] = event_code(pb, e, !std::is_same<S, N>::value);
+}
+
 // Chunk c of the launch's table (its `count` folded events from slot `start`) into shared memory at `to`,
 // without waiting: cp.async (sm_80 on), so the copy runs behind the previous chunk's steps;
 // async_copies_wait() ends it.
@@ -793,11 +802,17 @@ __device__ __forceinline__ void write_group_tissue_gradients(const VoxelGrad<N>&
 // incumbent's 410; benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-05-s17c-*). 0: no
 // minimum, ptxas's own choice (as with no second argument; an explicit 1 lets it take up to 255 registers,
 // which it then does).
+// The real first order's warp over the pool tables (the pooled gradient) is held to the 128 registers and four
+// blocks ptxas chose for it before its walks read decoded events (without a bound 168 and three blocks for the
+// (2, 3) pools); not with more than seven planes (the (4, 5) pools' took 255 registers, and spilled at 128).
 template <class N, class S, int KPL, int LAYOUT, int LANES>
 constexpr int adjoint_lanes_blocks_per_sm() {
   constexpr bool warp_of_model0 = KPL == 1 && (LAYOUT == kModel0 || LAYOUT == kPlain) && LANES == 32;
   constexpr bool complex_first = std::is_same<N, float>::value && std::is_same<S, Cx<float>>::value;
   constexpr bool complex_second = Num<N>::P == 1 && !std::is_same<N, S>::value;
+  constexpr bool real_first_of_tables = KPL == 1 && tabulated_layout(LAYOUT) && LANES == 32 &&
+                                        std::is_same<N, float>::value && std::is_same<S, float>::value;
+  if (real_first_of_tables && (LAYOUT == kTables || layout_planes(LAYOUT) <= 7)) return 4;
   return !warp_of_model0 ? 0 : complex_first ? 4 : complex_second ? 3 : 0;
 }
 
@@ -829,8 +844,10 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const TableGrad<N> tg =
       tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
-  vjp_voxel<N, S>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
-                  WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
+  // The first order reads the events as the launch decoded them (launch_rules.hpp decoded_general_events).
+  constexpr bool decoded = Num<N>::P == 0 && std::is_same<N, R>::value;
+  vjp_voxel<N, S, decoded>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
+                           WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
   const bool writer = lane == 0 && active;
   write_group_tissue_gradients<LANES>(g, t, out, v, writer);
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);

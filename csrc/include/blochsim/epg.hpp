@@ -100,6 +100,10 @@ struct Problem {
   // once per launch (event_loop.hpp PlainCode, epg_device.cuh decode_plain_events_kernel); null: each voxel
   // loads and forms its own.
   const void* plain_events = nullptr;
+  // The CUDA library's general adjoints (vjp_warp_kernel) at the first order with the pulses uniform: each
+  // event's values, rotation and demodulation decoded once per launch (event_loop.hpp EventCode,
+  // epg_device.cuh decode_general_events_kernel); null: each voxel loads and forms its own.
+  const void* event_codes = nullptr;
 };
 
 // Tissue of one voxel in kernel units (rates in 1/s).

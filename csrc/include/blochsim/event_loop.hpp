@@ -546,7 +546,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
   if (io.cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
     const Cx<N> w = io.get(ev.record);
-    const Cx<N> turn = cis(-ev.phase);
+    const Cx<N> turn = ev.turn ? *ev.turn : cis(-ev.phase);
     Cx<N> u;  // the sample's F+(0): on the lane that holds order 0 (zero elsewhere)
     if (tmp.k0 == 0) {
       for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
@@ -570,7 +570,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
     } else {
-      const Rotation<N> rot = make_rotation(alpha, phi, complex_path);
+      const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation : make_rotation(alpha, phi, complex_path);
       for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
     }
     eg.add(kGradFlip, ev.e, g_alpha * tx.b1);
@@ -593,6 +593,63 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
       relax_adjoint(l.water(0), x_pre.water(0), K, iv, t, g, &g_dt, l.k0);
     eg.add(ev.wrap ? kGradDtWrap : kGradDt, ev.e, g_dt);
   }
+}
+
+// An event of the general adjoint's walks (vjp_voxel) as every voxel of a launch reads it at the first order:
+// its values, its sample's demodulation and, where the pulses are uniform over the voxels (pulses.hpp
+// uniform_pulse), its pulse's rotation, decoded once per launch (the CUDA library's group and warp adjoints:
+// epg_device.cuh decode_general_events_kernel, launch_rules.hpp decoded_general_events). Where each voxel loaded and formed
+// its own, the loads (each array's presence and 64-bit index) were 18 % of the complex gradient's
+// instructions and the rotation, formed in each of the three walks, 7 % (ncu, H100, 20k:
+// benchmarks/results/profile/ncu-source-regions-cx20k-p5-2k-H100-2026-12-06-0380e00.txt).
+template <class R>
+struct alignas(16) EventCode {
+  int32_t action, record;
+  R dt, flip, phase;
+  Rotation<R> rotation;
+  Cx<R> turn;
+};
+template <class R>
+BS_HD int64_t event_code_bytes(const Problem<R>& pb) {
+  return pb.E * int64_t(sizeof(EventCode<R>));
+}
+// Event e's entry as a voxel's own would form it (load_event on repetition 0, step_forward's rotation and
+// demodulation; the rotation where the pulses are uniform); complex_path: the rotation's phase factors too.
+template <class R>
+BS_HD EventCode<R> event_code(const Problem<R>& pb, int64_t e, bool complex_path) {
+  const EventValues<R> ev = load_event<R>(pb, 0, e);
+  EventCode<R> c{};
+  c.action = ev.action;
+  c.record = ev.record;
+  c.dt = ev.dt;
+  c.flip = ev.flip;
+  c.phase = ev.phase;
+  if (uniform_pulse(pb)) {
+    const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
+    c.rotation = make_rotation(ev.flip * b1, ev.phase + b1phase, complex_path);
+  }
+  c.turn = cis(-ev.phase);
+  return c;
+}
+// Event e of repetition rep from the decoded entries: load_event's values, with the demodulation and (uniform:
+// the pulses are, uniform_pulse) the rotation that step_forward and step_adjoint read in place of their own.
+template <class N, class R>
+BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep, int64_t e,
+                                   bool uniform) {
+  const EventCode<R>& c = codes[e];
+  EventValues<N> ev;
+  ev.e = e;
+  ev.action = c.action;
+  ev.record = c.record;
+  ev.last_rep = rep == pb.reps - 1;
+  ev.wrap = e == 0 && rep > 0;
+  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);
+  ev.flip = N(c.flip);
+  ev.phase = N(c.phase);
+  ev.rotation = uniform ? &c.rotation : nullptr;
+  ev.turn = &c.turn;
+  if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
+  return ev;
 }
 
 // ---- whole voxels ---------------------------------------------------------------------------------------
@@ -680,7 +737,11 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
 // replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set. A warp
 // lane passes its orders (pb.K of them from k0) and the warp's shifts, and adds its share to g, eg and tg.
-template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
+// kDecoded: the walks read the events as the launch decoded them (pb.event_codes, EventCode; the first order
+// in the CUDA library's group and warp kernels), else each is loaded and formed here (a choice made at run
+// time, per event, took the (2, 3) pools' warp adjoint from 128 registers to 168).
+template <class N, class S, bool kDecoded = false, class R, class EG, class Shift = LocalShift,
+          class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
                      VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
                      const ShiftAdjoint& shift_adjoint = ShiftAdjoint(), int64_t k0 = 0) {
@@ -691,6 +752,14 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   auto kept = [&](int64_t j) { return state_at(pb, store, passes + j, k0); };  // tabulated layouts only
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
   const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
+  [[maybe_unused]] const bool uniform = kDecoded && uniform_pulse(pb);  // (decoded rotations hold for every voxel)
+  auto event = [&](int64_t rep, int64_t e) {
+    if constexpr (kDecoded) {
+      return decoded_event<N>(pb, static_cast<const EventCode<R>*>(pb.event_codes), rep, e, uniform);
+    } else {
+      return load_event<N>(pb, rep, e);
+    }
+  };
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along as vjp_voxel_plain's: load_event(pb, i) divides i by E, and
   // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
@@ -700,7 +769,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
       left = stride;
     }
     --left;
-    const EventValues<N> ev = load_event<N>(pb, rep, e);
+    const EventValues<N> ev = event(rep, e);
     if (++e == pb.E) {
       e = 0;
       ++rep;
@@ -717,7 +786,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     // the kept values handed to step_adjoint by reference, put a group's register states on the stack).
     int32_t slot = 0, sampled = 0;
     for (int64_t i = i0; i < i1; ++i) {
-      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      const EventValues<N> ev = event(rep, e);
       if (++e == pb.E) {
         e = 0;
         ++rep;
@@ -738,7 +807,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
         e = pb.E - 1;
         --rep;
       }
-      const EventValues<N> ev = load_event<N>(pb, rep, e);
+      const EventValues<N> ev = event(rep, e);
       if (passes_over_states(ev.action)) --slot;  // (elsewhere the slot named is not read)
       if (sample_without_pass(ev)) {
         --sampled;

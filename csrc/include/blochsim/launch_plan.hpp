@@ -204,10 +204,21 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
 // scratch; the problem the launch then reads them from.
 template <class N, class S, class Launcher, class R>
 Problem<R> decoding_plain_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
-  auto* const codes = scratch_from<PlainCode<R>>(scratch, plain_codes_offset<N, S>(pb, V));
+  auto* const codes = scratch_from<PlainCode<R>>(scratch, decoded_events_offset<N, S>(pb, V));
   launcher.start(DecodePlainEvents<R>(), LaunchShape{unsigned((pb.E + 1 + 127) / 128), 128, 0, 0}, pb, codes);
   Problem<R> decoded = pb;
   decoded.plain_events = codes;
+  return decoded;
+}
+
+// Decode every event for a general adjoint launch (decoded_general_events) into their part of the scratch; the
+// problem the launch then reads them from.
+template <class N, class S, class Launcher, class R>
+Problem<R> decoding_general_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
+  auto* const codes = scratch_from<EventCode<R>>(scratch, decoded_events_offset<N, S>(pb, V));
+  launcher.start(DecodeGeneralEvents<N, S>(), LaunchShape{unsigned((pb.E + 127) / 128), 128, 0, 0}, pb, codes);
+  Problem<R> decoded = pb;
+  decoded.event_codes = codes;
   return decoded;
 }
 
@@ -266,9 +277,14 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         return;
       }
     }
+    // The general adjoints (vjp_warp_kernel) read their events decoded once for the launch at the first order.
+    Problem<R> general = pb;
+    if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) {
+      if (decoded_general_events<N, S>(pb, V)) general = decoding_general_events<N, S>(launcher, pb, V, scratch);
+    }
     if constexpr (std::is_same<N, float>::value) {  // (launch_vjp_pools is compiled for float and its dual only)
       if (fixed_pool_group_adjoint<N, S>(pb, lanes)) {  // the fixed pools in groups of 8
-        launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch, lanes);
+        launch_vjp_pools<N, S>(launcher, general, V, io, eg, out, state_scratch, table_scratch, lanes);
         return;
       }
     }
@@ -276,14 +292,14 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       const LaunchShape shape = lanes_shape(V, lanes);
       if constexpr (!std::is_same<N, S>::value && Num<N>::P == 0) {  // (compiled for the complex first order)
         if (plain_general_adjoint<N, S>(pb, lanes)) {
-          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
           return;
         }
       }
       if (lanes == 8)
-        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
       else
-        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
       return;
     }
     if (lanes == 32) {
@@ -291,27 +307,27 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       const bool two = warp_orders_per_lane(pb.K) == 2;
       if constexpr (std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value) {
         if (fixed_pool_warp<N>(pb)) {
-          launch_vjp_pools<N, S>(launcher, pb, V, io, eg, out, state_scratch, table_scratch, 32);
+          launch_vjp_pools<N, S>(launcher, general, V, io, eg, out, state_scratch, table_scratch, 32);
           return;
         }
       }
       if (pb.tabulated) {
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
       } else {
         if constexpr (!std::is_same<N, S>::value && Num<N>::P == 1) {  // (compiled for the complex second order)
           if (plain_general_adjoint<N, S>(pb, 32)) {
-            launcher.start(AdjointLanes<N, S, 1, kPlain, 32>(), shape, pb, V, io, eg, out, state_scratch,
+            launcher.start(AdjointLanes<N, S, 1, kPlain, 32>(), shape, general, V, io, eg, out, state_scratch,
                            table_scratch);
             return;
           }
         }
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, pb, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
       }
       return;
     }

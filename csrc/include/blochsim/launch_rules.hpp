@@ -340,8 +340,22 @@ inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kern
     return false;
   }
 }
-// The adjoint's scratch: its states, its table cotangents' scratch, then (decoded_plain_events) the decoded
-// events from plain_codes_offset, 256-byte aligned.
+// Whether an adjoint launch is of the general scheme in a group or warp per voxel at the first order
+// (vjp_warp_kernel, pool model 0 or the pool tables, N the problem's reals), whose walks read the events as
+// the launch decoded them (vjp_voxel's kDecoded, event_loop.hpp EventCode): in the library with the warp
+// kernels, every launch of vjp_warp_kernel's first order.
+template <class N, class S, class R>
+inline bool decoded_general_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) {
+    if (!warp_kernels) return false;
+    const int lanes = adjoint_lanes<N, S>(pb, V);
+    return lanes > 1 && !plain_group_adjoint<N, S>(pb, lanes);
+  } else {
+    return false;
+  }
+}
+// The adjoint's scratch: its states, its table cotangents' scratch, then (decoded_plain_events,
+// decoded_general_events) the decoded events from decoded_events_offset, 256-byte aligned.
 template <class N, class S, class R>
 inline int64_t vjp_states_and_tables_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels) {
   const int lanes = warp_kernels ? adjoint_lanes<N, S>(pb, V) : 1;
@@ -349,12 +363,13 @@ inline int64_t vjp_states_and_tables_bytes(const Problem<R>& pb, int64_t V, bool
   return vjp_state_bytes<N, S>(pb, V, warp_kernels) + int64_t(sizeof(N)) * table_scratch_size(pb, threads, lanes);
 }
 template <class N, class S, class R>
-inline int64_t plain_codes_offset(const Problem<R>& pb, int64_t V) {
+inline int64_t decoded_events_offset(const Problem<R>& pb, int64_t V) {
   return (vjp_states_and_tables_bytes<N, S>(pb, V, true) + 255) / 256 * 256;
 }
 template <class N, class S, class R>
 inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if (decoded_plain_events<N, S>(pb, V, warp_kernels)) return plain_codes_offset<N, S>(pb, V) + plain_code_bytes(pb);
+  if (decoded_plain_events<N, S>(pb, V, warp_kernels)) return decoded_events_offset<N, S>(pb, V) + plain_code_bytes(pb);
+  if (decoded_general_events<N, S>(pb, V, warp_kernels)) return decoded_events_offset<N, S>(pb, V) + event_code_bytes(pb);
   return vjp_states_and_tables_bytes<N, S>(pb, V, warp_kernels);
 }
 
