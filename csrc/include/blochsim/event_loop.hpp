@@ -598,9 +598,9 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
 // An event of the general adjoint's walks (vjp_voxel) as every voxel of a launch reads it at the first order:
 // its values, its sample's demodulation and, where the pulses are uniform over the voxels (pulses.hpp
 // uniform_pulse), its pulse's rotation, decoded once per launch (the CUDA library's group and warp adjoints:
-// epg_device.cuh decode_general_events_kernel, launch_rules.hpp decoded_general_events). Where each voxel loaded and formed
-// its own, the loads (each array's presence and 64-bit index) were 18 % of the complex gradient's
-// instructions and the rotation, formed in each of the three walks, 7 % (ncu, H100, 20k:
+// epg_device.cuh decode_general_events_kernel, launch_rules.hpp decoded_general_events). Where each voxel
+// loaded and formed its own, the loads (each array's presence and 64-bit index) were 18 % of the complex
+// gradient's instructions and the rotation, formed in each of the three walks, 7 % (ncu, H100, 20k:
 // benchmarks/results/profile/ncu-source-regions-cx20k-p5-2k-H100-2026-12-06-0380e00.txt).
 template <class R>
 struct alignas(16) EventCode {
@@ -706,7 +706,8 @@ BS_HD int64_t device_scratch_per_voxel(const Problem<R>& pb, bool adjoint, bool 
 // whose checkpoints' deferrals fill whole states of the lane's orders.
 template <class R>
 BS_HD int64_t lane_store_size(const Problem<R>& pb, int64_t orders, bool plain = false) {
-  if (!plain) return (replay_slots(pb, false) + checkpoint_count(pb)) * (2 * pb.nt + pb.nl) * orders + sample_values(pb);
+  if (!plain)
+    return (replay_slots(pb, false) + checkpoint_count(pb)) * (2 * pb.nt + pb.nl) * orders + sample_values(pb);
   Problem<R> lane = pb;
   lane.K = orders;
   return store_states(lane, true) * state_size(lane);

@@ -292,14 +292,17 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       const LaunchShape shape = lanes_shape(V, lanes);
       if constexpr (!std::is_same<N, S>::value && Num<N>::P == 0) {  // (compiled for the complex first order)
         if (plain_general_adjoint<N, S>(pb, lanes)) {
-          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V, io, eg, out, state_scratch,
+                         table_scratch);
           return;
         }
       }
       if (lanes == 8)
-        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, general, V, io, eg, out, state_scratch,
+                       table_scratch);
       else
-        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, general, V, io, eg, out, state_scratch,
+                       table_scratch);
       return;
     }
     if (lanes == 32) {
@@ -313,9 +316,11 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       }
       if (pb.tabulated) {
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, general, V, io, eg, out, state_scratch,
+                         table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, general, V, io, eg, out, state_scratch,
+                         table_scratch);
       } else {
         if constexpr (!std::is_same<N, S>::value && Num<N>::P == 1) {  // (compiled for the complex second order)
           if (plain_general_adjoint<N, S>(pb, 32)) {
@@ -325,9 +330,11 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
           }
         }
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch,
+                         table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch, table_scratch);
+          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch,
+                         table_scratch);
       }
       return;
     }

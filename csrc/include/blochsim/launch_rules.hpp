@@ -369,7 +369,8 @@ inline int64_t decoded_events_offset(const Problem<R>& pb, int64_t V) {
 template <class N, class S, class R>
 inline int64_t vjp_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if (decoded_plain_events<N, S>(pb, V, warp_kernels)) return decoded_events_offset<N, S>(pb, V) + plain_code_bytes(pb);
-  if (decoded_general_events<N, S>(pb, V, warp_kernels)) return decoded_events_offset<N, S>(pb, V) + event_code_bytes(pb);
+  if (decoded_general_events<N, S>(pb, V, warp_kernels))
+    return decoded_events_offset<N, S>(pb, V) + event_code_bytes(pb);
   return vjp_states_and_tables_bytes<N, S>(pb, V, warp_kernels);
 }
 
