@@ -40,7 +40,7 @@ csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = events.ahead(e);
 csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V,/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V - 1,/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  c.turn = cis(-ev.phase);/  c.turn = cis(ev.phase);/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  ev.rotation = uniform ? \&c.rotation : nullptr;/  ev.rotation = \&c.rotation;/|general_adjoint_decoded and map
-csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|first_and_second and auto
+csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|general_adjoint_decoded and map
 csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 1, kPlain, 32>(), shape,/AdjointLanes<N, S, 1, kPlain, 32>(), lanes_shape(V, 8),/|first_and_second and auto
 MUTATIONS
 exit $status

@@ -188,7 +188,8 @@ def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
     events as the launch decoded them (launch_rules.hpp decoded_general_events), the pulse's rotation from
     them only where B1 and its phase are one value for every voxel, the demodulation always: the gradients of
     sum |signal|^2 along the flips, the phases, T2, M0 and B1 (a map: one value a voxel) against the host, each
-    at its own scale, with a phase of B1 and the repetition time fixed (every sample an event of its own)."""
+    at its own scale, with a phase of B1 and the repetition time fixed (every sample an event of its own),
+    played twice (the wrapped interval's length is the problem's, not the entry's)."""
     names = ("flips", "phases", "t2_ms", "m0", "b1")
 
     def run():
@@ -202,7 +203,7 @@ def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
                   "b1": (torch.linspace(0.7, 1.2, n) if b1 == "map" else torch.tensor(0.85)).requires_grad_()}
         phase = torch.linspace(-0.3, 0.4, n) if b1 == "map" else torch.tensor(0.2)
         t = TissueProperties(**{**dict(t.items()), **leaves, "b1_phase_rad": phase})
-        signal = engine.simulate(d, t, states=20, path="complex")
+        signal = engine.simulate(d, t, states=20, path="complex", repetitions=2)
         return signal, torch.autograd.grad((signal.abs() ** 2).sum(), [flips, phases, *leaves.values()])
 
     (host, host_grads), (emulated, emulated_grads) = on_both(card, run)
