@@ -95,12 +95,12 @@ def library_disassembly(library: Path, kernel: str, work: Path) -> tuple[str, st
         subprocess.run([tool("cuobjdump"), "-xelf", name, str(library)], cwd=work, check=True, capture_output=True)
         cubin = work / name
         symbols = subprocess.run(["readelf", "-sW", str(cubin)], check=True, capture_output=True, text=True).stdout
-        for line in symbols.splitlines():
-            fields = line.split()
-            if len(fields) < 8 or fields[3] != "FUNC":
-                continue
+        functions = [line.split() for line in symbols.splitlines()]
+        functions = [f for f in functions if len(f) >= 8 and f[3] == "FUNC"]  # (index, ..., mangled name)
+        names = subprocess.run(["c++filt"], input="\n".join(f[-1] for f in functions), capture_output=True,
+                               text=True).stdout.splitlines()
+        for fields, demangled in zip(functions, names, strict=True):
             mangled = fields[-1]
-            demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
             if not re.match(rf"(void )?{re.escape(kernel)}\(", demangled):  # (a kernel's demangled name: void ...)
                 continue
             text = subprocess.run([tool("nvdisasm"), "--print-line-info-inline", "-fun", fields[0].rstrip(":"),

@@ -205,30 +205,38 @@ def test_carried_shifts_gradients_match_host(states, mapping):
         assert rel_max_err(got, want) < 1e-4, name
 
 
+#: The decoded events' case: what its gradients are taken along.
+DECODED_EVENTS_FIELDS = ("flips", "phases", "t2_ms", "m0", "b1")
+
+
+def decoded_events_gradients(device, b1: str, n: int, events: int = 40) -> tuple:
+    """(signal, gradients of sum |signal|^2 along DECODED_EVENTS_FIELDS) of a complex MRF train with its
+    repetition time fixed (every sample an event of its own), played twice (the wrapped interval), B1 and its
+    phase a map (one value a voxel) or one value for every voxel, n voxels on `device`: the case of the general
+    adjoint's first order reading its events as the launch decoded them (launch_rules.hpp
+    decoded_general_events), the pulse's rotation from them only where B1 is one value."""
+    flips, phases = train(n=events, quadratic=True)
+    flips = flips.to(torch.float64).requires_grad_()
+    phases = torch.tensor(phases, dtype=torch.float64).requires_grad_()
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    t = tissue(device, n=n, b0=True)
+    leaves = {"t2_ms": t.t2_ms.clone().requires_grad_(),
+              "m0": torch.linspace(0.8, 1.2, n, device=device).requires_grad_(),
+              "b1": (torch.linspace(0.7, 1.2, n, device=device) if b1 == "map"
+                     else torch.tensor(0.85, device=device)).requires_grad_()}
+    phase = torch.linspace(-0.3, 0.4, n, device=device) if b1 == "map" else torch.tensor(0.2, device=device)
+    t = TissueProperties(**{**dict(t.items()), **leaves, "b1_phase_rad": phase})
+    signal = engine.simulate(d, t, states=20, path="complex", repetitions=2)
+    return signal, torch.autograd.grad((signal.abs() ** 2).sum(), [flips, phases, *leaves.values()])
+
+
 @pytest.mark.parametrize("b1", ("map", "one value"))
 def test_general_adjoint_decoded_events_match_host(b1, mapping):
-    """The general adjoint's first order (the complex path: groups of lanes, or a warp, per voxel) reads its
-    events as the launch decoded them (launch_rules.hpp decoded_general_events), the pulse's rotation from
-    them only where B1 and its phase are one value for every voxel: the gradients of sum |signal|^2 along the
-    flips, the phases, T2, M0 and B1, the repetition time fixed, played twice, 131 voxels, held to the host
-    each at its own scale (test_cuda_on_host.py runs the same on the emulated card)."""
-    names = ("flips", "phases", "t2_ms", "m0", "b1")
-    grads = {}
-    for device in ("cpu", "cuda"):
-        flips, phases = train(quadratic=True)
-        flips = flips.to(torch.float64).requires_grad_()
-        phases = torch.tensor(phases, dtype=torch.float64).requires_grad_()
-        d = mrf_description(flips, 0.01, phases_rad=phases)
-        t = tissue(device, n=131, b0=True)
-        leaves = {"t2_ms": t.t2_ms.clone().requires_grad_(),
-                  "m0": torch.linspace(0.8, 1.2, 131, device=device).requires_grad_(),
-                  "b1": (torch.linspace(0.7, 1.2, 131, device=device) if b1 == "map"
-                         else torch.tensor(0.85, device=device)).requires_grad_()}
-        phase = torch.linspace(-0.3, 0.4, 131, device=device) if b1 == "map" else torch.tensor(0.2, device=device)
-        t = TissueProperties(**{**dict(t.items()), **leaves, "b1_phase_rad": phase})
-        signal = engine.simulate(d, t, states=20, path="complex", repetitions=2)
-        grads[device] = torch.autograd.grad((signal.abs() ** 2).sum(), [flips, phases, *leaves.values()])
-    for name, got, want in zip(names, grads["cuda"], grads["cpu"], strict=True):
+    """decoded_events_gradients at 131 voxels on the card, held to the host each at its own scale (the
+    emulated card runs the same: test_cuda_on_host.py)."""
+    (card, card_grads), (host, host_grads) = (decoded_events_gradients(device, b1, 131) for device in ("cuda", "cpu"))
+    assert rel_max_err(card.cpu(), host) < 1e-5
+    for name, got, want in zip(DECODED_EVENTS_FIELDS, card_grads, host_grads, strict=True):
         assert rel_max_err(got.cpu(), want) < 1e-4, name
 
 

@@ -132,7 +132,14 @@ def on_both(card, run):
 
 
 # ---- the cases of the GPU suite (tests/test_cuda.py), at fewer voxels ------------------------------------------
-from test_cuda import CASES, POOLS, tissue, train  # noqa: E402  (the GPU suite's trains and tissues)
+from test_cuda import (  # noqa: E402  (the GPU suite's trains, tissues and cases)
+    CASES,
+    DECODED_EVENTS_FIELDS,
+    POOLS,
+    decoded_events_gradients,
+    tissue,
+    train,
+)
 
 #: Voxels per case: padding groups for groups of lanes and a part of a warp for a thread per voxel (the
 #: register kernel's cases take a whole warp and a part of one: WARP_AND_PART).
@@ -184,31 +191,13 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
 
 @pytest.mark.parametrize("b1", ("map", "one value"))
 def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
-    """The general adjoint's first order (the complex path: groups of lanes, or a warp, per voxel) reads its
-    events as the launch decoded them (launch_rules.hpp decoded_general_events), the pulse's rotation from
-    them only where B1 and its phase are one value for every voxel, the demodulation always: the gradients of
-    sum |signal|^2 along the flips, the phases, T2, M0 and B1 (a map: one value a voxel) against the host, each
-    at its own scale, with a phase of B1 and the repetition time fixed (every sample an event of its own),
-    played twice (the wrapped interval's length is the problem's, not the entry's)."""
-    names = ("flips", "phases", "t2_ms", "m0", "b1")
-
-    def run():
-        flips, phases = train(n=DERIVATIVE_EVENTS, quadratic=True)
-        flips = flips.to(torch.float64).requires_grad_()
-        phases = torch.tensor(phases, dtype=torch.float64).requires_grad_()
-        d = mrf_description(flips, 0.01, phases_rad=phases)
-        t = tissue("cpu", n=DERIVATIVE_VOXELS, b0=True)
-        n = DERIVATIVE_VOXELS
-        leaves = {"t2_ms": t.t2_ms.clone().requires_grad_(), "m0": torch.linspace(0.8, 1.2, n).requires_grad_(),
-                  "b1": (torch.linspace(0.7, 1.2, n) if b1 == "map" else torch.tensor(0.85)).requires_grad_()}
-        phase = torch.linspace(-0.3, 0.4, n) if b1 == "map" else torch.tensor(0.2)
-        t = TissueProperties(**{**dict(t.items()), **leaves, "b1_phase_rad": phase})
-        signal = engine.simulate(d, t, states=20, path="complex", repetitions=2)
-        return signal, torch.autograd.grad((signal.abs() ** 2).sum(), [flips, phases, *leaves.values()])
-
-    (host, host_grads), (emulated, emulated_grads) = on_both(card, run)
+    """test_cuda.decoded_events_gradients on the emulated card (the general adjoint's first order reading its
+    events as the launch decoded them: the rotation from them only with B1 one value, the demodulation, the
+    wrapped interval's length the problem's), against the host, each gradient at its own scale."""
+    (host, host_grads), (emulated, emulated_grads) = on_both(
+        card, lambda: decoded_events_gradients("cpu", b1, DERIVATIVE_VOXELS, DERIVATIVE_EVENTS))
     assert rel_max_err(emulated, host) < 1e-5
-    for name, got, want in zip(names, emulated_grads, host_grads, strict=True):
+    for name, got, want in zip(DECODED_EVENTS_FIELDS, emulated_grads, host_grads, strict=True):
         assert rel_max_err(got, want) < 1e-4, name
 
 

@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(128) decode_plain_events_kernel(const Problem<
 // (event_loop.hpp EventCode, event_code), a thread an entry.
 template <class N, class S, class R>
 __global__ void __launch_bounds__(128) decode_general_events_kernel(const Problem<R> pb, EventCode<R>* codes) {
-  static_assert(std::is_same<N, R>::value, "entries in the problem's reals: the first order");
+  static_assert(reads_event_codes<N, R>(), "entries in the problem's reals: the first order");
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e < pb.E) codes[e] = event_code(pb, e, !std::is_same<S, N>::value);
 }
@@ -845,9 +845,9 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
       tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
   // The first order reads the events as the launch decoded them (launch_rules.hpp decoded_general_events).
-  constexpr bool decoded = Num<N>::P == 0 && std::is_same<N, R>::value;
-  vjp_voxel<N, S, decoded>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, WarpShift{lane, K, LANES},
-                           WarpShiftAdjoint{lane, K, LANES}, int64_t(lane) * KPL);
+  vjp_voxel<N, S, reads_event_codes<N, R>()>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg,
+                                             WarpShift{lane, K, LANES}, WarpShiftAdjoint{lane, K, LANES},
+                                             int64_t(lane) * KPL);
   const bool writer = lane == 0 && active;
   write_group_tissue_gradients<LANES>(g, t, out, v, writer);
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);

@@ -609,6 +609,12 @@ struct alignas(16) EventCode {
   Rotation<R> rotation;
   Cx<R> turn;
 };
+// Whether the general adjoint's walks at number type N read EventCode entries (a launch's first order in the
+// CUDA library's group and warp kernels): the entries hold the problem's reals R, no tangents.
+template <class N, class R>
+constexpr bool reads_event_codes() {
+  return Num<N>::P == 0 && std::is_same<N, R>::value;
+}
 template <class R>
 BS_HD int64_t event_code_bytes(const Problem<R>& pb) {
   return pb.E * int64_t(sizeof(EventCode<R>));

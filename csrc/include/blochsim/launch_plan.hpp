@@ -200,26 +200,28 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
   if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pool_warp decides first
 }
 
-// Decode the real plain path's events for an adjoint launch (decoded_plain_events) into their part of the
-// scratch; the problem the launch then reads them from.
-template <class N, class S, class Launcher, class R>
-Problem<R> decoding_plain_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
-  auto* const codes = scratch_from<PlainCode<R>>(scratch, decoded_events_offset<N, S>(pb, V));
-  launcher.start(DecodePlainEvents<R>(), LaunchShape{unsigned((pb.E + 1 + 127) / 128), 128, 0, 0}, pb, codes);
+// Decode `entries` events for an adjoint launch (decoded_plain_events, decoded_general_events) into their part
+// of the scratch with the kernel of `tag`, a thread an entry; the problem the launch then reads them from, at
+// `field`.
+template <class Code, class N, class S, class Tag, class Launcher, class R>
+Problem<R> decoding_events(const Launcher& launcher, Tag tag, int64_t entries, const void* Problem<R>::*field,
+                           const Problem<R>& pb, int64_t V, void* scratch) {
+  auto* const codes = scratch_from<Code>(scratch, decoded_events_offset<N, S>(pb, V));
+  launcher.start(tag, LaunchShape{unsigned((entries + 127) / 128), 128, 0, 0}, pb, codes);
   Problem<R> decoded = pb;
-  decoded.plain_events = codes;
+  decoded.*field = codes;
   return decoded;
 }
-
-// Decode every event for a general adjoint launch (decoded_general_events) into their part of the scratch; the
-// problem the launch then reads them from.
+// The real plain path's (entry E: the wrapped interval's), and every event of a general adjoint's first order.
+template <class N, class S, class Launcher, class R>
+Problem<R> decoding_plain_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
+  return decoding_events<PlainCode<R>, N, S>(launcher, DecodePlainEvents<R>(), pb.E + 1, &Problem<R>::plain_events,
+                                             pb, V, scratch);
+}
 template <class N, class S, class Launcher, class R>
 Problem<R> decoding_general_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
-  auto* const codes = scratch_from<EventCode<R>>(scratch, decoded_events_offset<N, S>(pb, V));
-  launcher.start(DecodeGeneralEvents<N, S>(), LaunchShape{unsigned((pb.E + 127) / 128), 128, 0, 0}, pb, codes);
-  Problem<R> decoded = pb;
-  decoded.event_codes = codes;
-  return decoded;
+  return decoding_events<EventCode<R>, N, S>(launcher, DecodeGeneralEvents<N, S>(), pb.E, &Problem<R>::event_codes,
+                                             pb, V, scratch);
 }
 
 template <class N, class S, class Launcher, class R>
@@ -279,7 +281,7 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     }
     // The general adjoints (vjp_warp_kernel) read their events decoded once for the launch at the first order.
     Problem<R> general = pb;
-    if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) {
+    if constexpr (reads_event_codes<N, R>()) {
       if (decoded_general_events<N, S>(pb, V)) general = decoding_general_events<N, S>(launcher, pb, V, scratch);
     }
     if constexpr (std::is_same<N, float>::value) {  // (launch_vjp_pools is compiled for float and its dual only)

@@ -346,7 +346,7 @@ inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kern
 // kernels, every launch of vjp_warp_kernel's first order.
 template <class N, class S, class R>
 inline bool decoded_general_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
-  if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) {
+  if constexpr (reads_event_codes<N, R>()) {
     if (!warp_kernels) return false;
     const int lanes = adjoint_lanes<N, S>(pb, V);
     return lanes > 1 && !plain_group_adjoint<N, S>(pb, lanes);
