@@ -34,13 +34,16 @@ csrc/cuda/epg_device.cuh|s/  eg.voxel_lanes = LANES;/  eg.voxel_lanes = 32;/|fix
 csrc/include/blochsim/event_loop.hpp|s/  c.sa = r.sa;/  c.sa = -r.sa;/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/    ev.dt = N(ev.wrap ? dt_wrap : held.dt);/    ev.dt = N(held.dt);/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/        DecodedPlainEvents<N, R> events{{pb, t}, codes, codes\[pb.E\].dt, {}, {}, {}};/        DecodedPlainEvents<N, R> events{{pb, t}, codes, 2 * codes[pb.E].dt, {}, {}, {}};/|plain_adjoint and thread
-csrc/include/blochsim/event_loop.hpp|s/        c.record = pb.record\[m\];/        c.record = c.record;/|plain_adjoint and auto
-csrc/include/blochsim/event_loop.hpp|s/    c.back = int16_t(e == 0 ? pb.E - p : e - p);/    c.back = int16_t(e == 0 ? pb.E - p : 1);/|plain_adjoint and auto
+csrc/include/blochsim/event_loop.hpp|s/      f.record = pb.record\[m\];/      f.record = f.record;/|plain_adjoint and auto
+csrc/include/blochsim/event_loop.hpp|s/  f.back = int16_t(e == 0 ? pb.E - p : e - p);/  f.back = int16_t(e == 0 ? pb.E - p : 1);/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = events.ahead(e);  \/\/ to the stretch's first head/    const int64_t skip = 0;/|plain_adjoint and thread
 csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V,/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V - 1,/|first_and_second and auto
-csrc/include/blochsim/event_loop.hpp|s/  c.turn = cis(-ev.phase);/  c.turn = cis(ev.phase);/|first_and_second and auto
+csrc/include/blochsim/event_loop.hpp|s/  c.turn = cis(-fetch<R>(pb.phase, e + f.sample_at));/  c.turn = cis(fetch<R>(pb.phase, e + f.sample_at));/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  ev.rotation = uniform ? \&c.rotation : nullptr;/  ev.rotation = \&c.rotation;/|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|general_adjoint_decoded and map
 csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 1, kPlain, 32>(), shape,/AdjointLanes<N, S, 1, kPlain, 32>(), lanes_shape(V, 8),/|first_and_second and auto
+csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_at, /    eg.add(kGradPhase, ev.e, /|general_adjoint_decoded and map
+csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kDecoded) return codes\[e\].back;/    if constexpr (kDecoded) return 1;/|general_adjoint_folds and auto
+csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
 MUTATIONS
 exit $status

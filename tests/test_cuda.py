@@ -240,6 +240,43 @@ def test_general_adjoint_decoded_events_match_host(b1, mapping):
         assert rel_max_err(got.cpu(), want) < 1e-4, name
 
 
+def general_fold_gradients(device, train_name: str, b1: str, stride: int) -> tuple:
+    """(signal, {input: gradient of Re<w, signal>}) of test_engine_lanes' train on the complex path (32 orders,
+    float32, 21 voxels: padding groups in the last warp) at a checkpoint stride, every input made on `device`:
+    the case of the general adjoint's first order stepping the folds of its decoded events (event_loop.hpp
+    fold_at: a pulse, its sample and its crusher one step, the sample's F+(0) kept after the pulse and its
+    phase gradient on its own event) against the host, which steps every event. The trains: the carried
+    shifts and spoilers of conftest.carried_train, the MRF train's inversion, SPGR's wrapped interval."""
+    from test_engine_lanes import described, inputs
+
+    leaves = {k: v.float().to(device).requires_grad_() for k, v in inputs(train_name, b1).items()}
+    description, tissue_, repetitions = described(train_name, leaves)
+    signal = engine.simulate(description, tissue_, states=32, repetitions=repetitions, dtype=torch.float32,
+                             path="complex", checkpoint_stride=stride)
+    g = torch.Generator().manual_seed(6)
+    w = torch.complex(torch.randn(signal.shape, generator=g), torch.randn(signal.shape, generator=g))
+    grads = torch.autograd.grad((w.to(device).conj() * signal).real.sum(), list(leaves.values()))
+    return signal, dict(zip(leaves, grads, strict=True))
+
+
+#: Strides that start stretches on a head, on a folded sample and on a folded crusher, and leave some empty
+#: (1 and 2 in the MRF train, whose repetitions are folds of three); B1 a map (each voxel's rotations) and one
+#: value (the decoded rotations).
+GENERAL_FOLD_CASES = [(train_name, b1, stride) for train_name, b1 in
+                      (("mrf", "shared"), ("carried", "per_voxel"), ("spgr", "shared")) for stride in (1, 2, 3)]
+
+
+@pytest.mark.parametrize(("train_name", "b1", "stride"), GENERAL_FOLD_CASES)
+def test_general_adjoint_folds_match_host(train_name, b1, stride, mapping):
+    """general_fold_gradients on the card, held to the host each input at its own scale (the emulated card
+    runs the same: test_cuda_on_host.py)."""
+    (card, card_grads), (host, host_grads) = (general_fold_gradients(device, train_name, b1, stride)
+                                              for device in ("cuda", "cpu"))
+    assert rel_max_err(card.cpu(), host) < 1e-5
+    for name, want in host_grads.items():
+        assert rel_max_err(card_grads[name].cpu(), want) < 1e-4, name
+
+
 @pytest.mark.parametrize("n", (131, 40_000))  # 40,000 voxels: blocks of 128 threads (launch_rules.hpp threads_for)
 def test_staged_samples_match_host(n, mapping):
     """The real register kernel keeps its samples in shared memory and writes them 8 at a time (epg_device.cuh

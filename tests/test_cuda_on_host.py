@@ -135,8 +135,10 @@ def on_both(card, run):
 from test_cuda import (  # noqa: E402  (the GPU suite's trains, tissues and cases)
     CASES,
     DECODED_EVENTS_FIELDS,
+    GENERAL_FOLD_CASES,
     POOLS,
     decoded_events_gradients,
+    general_fold_gradients,
     tissue,
     train,
 )
@@ -397,6 +399,26 @@ def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_
         monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", plain_mapping)
     host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
     assert_plain_close(emulated, host)
+
+
+#: FULL=1 runs every train with B1 a map and one value at more strides.
+GENERAL_CASES = ([(train_name, b1, stride) for train_name in ("carried", "mrf", "spgr")
+                  for b1 in ("per_voxel", "shared") for stride in (1, 2, 3, 4, 7, 16)]
+                 if FULL else GENERAL_FOLD_CASES)
+
+
+@pytest.mark.parametrize("general_mapping", ("auto", "warp"))
+@pytest.mark.parametrize(("train_name", "b1", "stride"), GENERAL_CASES)
+def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, train_name, b1, stride):
+    """test_cuda.general_fold_gradients on the emulated card (the complex path's adjoint in groups and a warp a
+    voxel, its first order stepping its decoded events' folds), against the host, each input at its own scale."""
+    if general_mapping != "auto":
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", general_mapping)
+    (host, host_grads), (emulated, emulated_grads) = on_both(
+        card, lambda: general_fold_gradients("cpu", train_name, b1, stride))
+    assert rel_max_err(emulated, host) < 1e-5
+    for name, want in host_grads.items():
+        assert rel_max_err(emulated_grads[name], want) < 1e-4, name
 
 
 @pytest.mark.parametrize(("pools", "states"), (("poolb+mt", 10), ("poolb+mt", 32), ("poolb", 32), ("mt", 20)))

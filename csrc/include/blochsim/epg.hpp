@@ -191,6 +191,7 @@ struct EventValues {
   int32_t action, record;
   bool last_rep, wrap;
   Lobes lobes;  // of the interval ahead of the event; read only where diffusion or flow acts
+  int32_t sample_at = 0;  // where the event samples, after e (a decoded fold's: event_loop.hpp fold_at)
   int64_t e;
   N dt, flip, phase;
   const Rotation<N>* rotation = nullptr;

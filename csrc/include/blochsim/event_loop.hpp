@@ -152,9 +152,9 @@ struct Deferral {
   bool spoiled = false;  // step_forward_plain: a spoiler carried into the next pass as E2 = 0
 };
 
-// What the general adjoint's replay (vjp_voxel) keeps of an event that samples without a pass
-// (sample_without_pass): the F+(0) of each transverse pool, which is all its sample's adjoint reads, written
-// by step_forward where it forms the sample (`at`, nt numbers; `signal` false: an event with nothing kept).
+// What the general adjoint's replay (vjp_voxel) keeps of an event's sample (samples_kept): the F+(0) of
+// each transverse pool, which is all the sample's adjoint reads, written by step_forward where it forms the
+// sample (`at`, nt numbers; `signal` false: an event with nothing kept).
 template <class S>
 struct KeptPoolsF0 {
   Ref<S> at;
@@ -495,25 +495,25 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
 }
 
 // What step_adjoint reads of the state before an event: the whole state for a pass (the relaxation, pulse or
-// inversion's adjoint: vjp_voxel's replay keeps it in a slot), for an event that samples without one only
-// the F+(0) its sample read (sample_without_pass: an MRF repetition's readout, whose F+(0) the replay keeps,
-// KeptPoolsF0), and nothing for an event that only crushes, shifts or spoils (it acts on lambda alone: an
-// MRF train's crusher, a third of its events).
+// inversion's adjoint: vjp_voxel's replay keeps it in a slot), and of a sample only the F+(0) of each pool it
+// read (samples_kept: the replay keeps them, KeptPoolsF0, where step_forward forms the sample: after the
+// pulse of a decoded fold, fold_at). An event that only samples (an MRF repetition's readout, unfolded) or
+// only crushes, shifts or spoils (acting on lambda alone: an MRF train's crusher) reads no state.
 template <class N>
-BS_HD bool sample_without_pass(const EventValues<N>& ev) {
-  return !passes_over_states(ev.action) && ev.record >= 0 && ev.last_rep;
+BS_HD bool samples_kept(const EventValues<N>& ev) {
+  return ev.record >= 0 && ev.last_rep;
 }
 
-// Adjoint of one event. x_pre: state before the event, read for a pass only; for an event that samples
-// without one, tmp holds on order 0's lane the F+(0) of each pool its sample read (tmp.fp(p)[0], as the
-// replay kept them); kept: the tables' products of its interval (tabulated layouts: step_forward's `keep`);
-// tmp: scratch; l: lambda, updated in place.
+// Adjoint of one event. x_pre: state before the event, read for a pass only; sampled: where the event samples,
+// on order 0's lane, the F+(0) of each pool its sample read (as the replay kept them: samples_kept);
+// kept: the tables' products of its interval (tabulated layouts: step_forward's `keep`); tmp: scratch;
+// l: lambda, updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
 template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
-                        State<S> x_pre, State<S> kept, State<S> tmp, State<S> l, const SampleIO<N>& io, VoxelGrad<N>& g,
-                        const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
-                        const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
+                        State<S> x_pre, State<S> kept, Ref<S> sampled, State<S> tmp, State<S> l,
+                        const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg,
+                        const Shift& shift = Shift(), const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = l.K;
   // Recompute the state ahead of the RF / ADC in tmp (tabulated: from the kept products, no table products).
@@ -544,17 +544,17 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
   if (ev.action & BS_CRUSH_AFTER)
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
-  if (io.cot && ev.record >= 0 && ev.last_rep) {  // ADC events carry no RF: the sample reads tmp
+  if (io.cot && samples_kept(ev)) {  // after the pulse (a fold's), ahead of the shifts after it
     const Cx<N> w = io.get(ev.record);
     const Cx<N> turn = ev.turn ? *ev.turn : cis(-ev.phase);
     Cx<N> u;  // the sample's F+(0): on the lane that holds order 0 (zero elsewhere)
-    if (tmp.k0 == 0) {
-      for (int p = 0; p < tmp.nt; ++p) u += transverse(tmp.fp(p)[0]);
+    if (l.k0 == 0) {
+      for (int p = 0; p < l.nt; ++p) u += transverse(sampled[p]);
       u = u * turn;
       g.m0 += re_dot(w, u);
       for (int p = 0; p < l.nt; ++p) add_sample_adjoint(l.fp(p)[0], w, turn * t.m0);
     }
-    eg.add(kGradPhase, ev.e, t.m0 * re_dot(w, mul_i(-u)));
+    eg.add(kGradPhase, ev.e + ev.sample_at, t.m0 * re_dot(w, mul_i(-u)));
   }
   if (ev.action & BS_INVERSION) {
     for (int p = 0; p < l.nt; ++p) invert_adjoint(l.water(p), tmp.water(p), K, t.inv, g.inv);
@@ -595,19 +595,73 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
   }
 }
 
+// Whether event m joins the fold of the event before it in the adjoints' decoded walks (one step for both:
+// step_forward and step_adjoint, or step_forward_plain and step_adjoint_plain): it makes no pass and carries
+// nothing ahead of itself (no interval, crusher before or pulse), the event before carries nothing after
+// itself, and it does something: a sample right after a head that acts ahead of itself (a pass, or a
+// crusher before it) and samples nothing (so a fold samples at most once, after what its head does, as the
+// steps order it), or a shift or spoiler after itself. An MRF repetition (pulse, sample, crusher) is one
+// fold; a fold stays within a repetition (event 0 heads one) and holds at most three events. Decided from
+// the two events alone, so each entry is decoded on its own.
+template <class R>
+BS_HD bool joins_fold(const Problem<R>& pb, int64_t m) {
+  constexpr int32_t ahead = BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE;
+  constexpr int32_t after = BS_SPOIL_AFTER | BS_CRUSH_AFTER | BS_SHIFT_AFTER;
+  if (m <= 0 || m >= pb.E) return false;
+  const int32_t action = pb.action[m], before = pb.action[m - 1];
+  if ((action & ahead) || (before & after)) return false;
+  if (pb.record[m] >= 0) return pb.record[m - 1] < 0 && (before & ahead);
+  return (action & after) != 0;
+}
+
+// What a decoded entry holds of the fold at event e (joins_fold): at a head, its events' actions together,
+// its sample's record and place (sample_at, events after the head: the sample's demodulation and phase
+// gradient are its own event's), the events it steps (span) and those back to the head before it (back;
+// entry 0: the repetition's last head); at a folded event, its own action and record and the events to the
+// next head (ahead; 0 at a head).
+struct Fold {
+  int32_t action, record;
+  int16_t span, back, ahead, sample_at;
+};
+template <class R>
+BS_HD Fold fold_at(const Problem<R>& pb, int64_t e) {
+  Fold f{pb.action[e], pb.record[e], 1, 1, 0, 0};
+  int64_t head = e + 1;  // the next head
+  while (joins_fold(pb, head)) ++head;
+  if (joins_fold(pb, e)) {  // a folded event: walked over, never stepped
+    f.ahead = int16_t(head - e);
+    return f;
+  }
+  for (int64_t m = e + 1; m < head; ++m) {
+    f.action |= pb.action[m];
+    if (pb.record[m] >= 0) {
+      f.record = pb.record[m];
+      f.sample_at = int16_t(m - e);
+    }
+  }
+  f.span = int16_t(head - e);
+  int64_t p = (e == 0 ? pb.E : e) - 1;  // the head before: of the repetition before, from event 0
+  while (joins_fold(pb, p)) --p;
+  f.back = int16_t(e == 0 ? pb.E - p : e - p);
+  return f;
+}
+
 // An event of the general adjoint's walks (vjp_voxel) as every voxel of a launch reads it at the first order:
 // its values, its sample's demodulation and, where the pulses are uniform over the voxels (pulses.hpp
 // uniform_pulse), its pulse's rotation, decoded once per launch (the CUDA library's group and warp adjoints:
 // epg_device.cuh decode_general_events_kernel, launch_rules.hpp decoded_general_events). Where each voxel
 // loaded and formed its own, the loads (each array's presence and 64-bit index) were 18 % of the complex
 // gradient's instructions and the rotation, formed in each of the three walks, 7 % (ncu, H100, 20k:
-// benchmarks/results/profile/ncu-source-regions-cx20k-p5-2k-H100-2026-12-06-0380e00.txt).
+// benchmarks/results/profile/ncu-source-regions-cx20k-p5-2k-H100-2026-12-06-0380e00.txt). A head's entry
+// holds its fold (fold_at: the walks step heads, an MRF repetition one step where it was three), its
+// `turn` its sample's demodulation; `phase` stays the head's own (its pulse's).
 template <class R>
 struct alignas(16) EventCode {
   int32_t action, record;
   R dt, flip, phase;
   Rotation<R> rotation;
   Cx<R> turn;
+  int16_t span, back, ahead, sample_at;
 };
 // Whether the general adjoint's walks at number type N read EventCode entries (a launch's first order in the
 // CUDA library's group and warp kernels): the entries hold the problem's reals R, no tangents.
@@ -620,13 +674,19 @@ BS_HD int64_t event_code_bytes(const Problem<R>& pb) {
   return pb.E * int64_t(sizeof(EventCode<R>));
 }
 // Event e's entry as a voxel's own would form it (load_event on repetition 0, step_forward's rotation and
-// demodulation; the rotation where the pulses are uniform); complex_path: the rotation's phase factors too.
+// demodulation; the rotation where the pulses are uniform) with the events folded into it (fold_at);
+// complex_path: the rotation's phase factors too.
 template <class R>
 BS_HD EventCode<R> event_code(const Problem<R>& pb, int64_t e, bool complex_path) {
   const EventValues<R> ev = load_event<R>(pb, 0, e);
+  const Fold f = fold_at(pb, e);
   EventCode<R> c{};
-  c.action = ev.action;
-  c.record = ev.record;
+  c.action = f.action;
+  c.record = f.record;
+  c.span = f.span;
+  c.back = f.back;
+  c.ahead = f.ahead;
+  c.sample_at = f.sample_at;
   c.dt = ev.dt;
   c.flip = ev.flip;
   c.phase = ev.phase;
@@ -634,7 +694,7 @@ BS_HD EventCode<R> event_code(const Problem<R>& pb, int64_t e, bool complex_path
     const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
     c.rotation = make_rotation(ev.flip * b1, ev.phase + b1phase, complex_path);
   }
-  c.turn = cis(-ev.phase);
+  c.turn = cis(-fetch<R>(pb.phase, e + f.sample_at));
   return c;
 }
 // Event e of repetition rep from the decoded entries: load_event's values, with the demodulation and (uniform:
@@ -654,6 +714,7 @@ BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* cod
   ev.phase = N(c.phase);
   ev.rotation = uniform ? &c.rotation : nullptr;
   ev.turn = &c.turn;
+  ev.sample_at = c.sample_at;
   if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
   return ev;
 }
@@ -669,8 +730,8 @@ BS_HD int64_t state_size(const Problem<R>& pb) {
 // stretch (an event that relaxes, rotates or inverts: passes_over_states), pb.slots where the caller counted
 // them (the most passes a stretch holds: an MRF train's are a third of its events), else one per event
 // (stride). The general adjoint (vjp_voxel) keeps with the tabulated layouts the tables' products of each
-// replayed pass as well, and after the checkpoints the F+(0) of each event that samples without a pass
-// (sample_values); the plain adjoint (`plain`: vjp_voxel_plain) its deferrals and lambda's state.
+// replayed pass as well, and after the checkpoints the F+(0) of each sample (sample_values); the plain
+// adjoint (`plain`: vjp_voxel_plain) its deferrals and lambda's state.
 template <class R>
 BS_HD int64_t checkpoint_count(const Problem<R>& pb) {
   return (pb.E * pb.reps + pb.stride - 1) / pb.stride;
@@ -680,8 +741,8 @@ BS_HD int64_t replay_slots(const Problem<R>& pb, bool plain) {
   const int64_t passes = pb.slots > 0 ? pb.slots : pb.stride;
   return plain || !pb.tabulated ? passes : 2 * passes;
 }
-// The general adjoint keeps, for each event of a stretch that samples without a pass, its transverse pools'
-// F+(0): nt numbers, up to a stride of them, after the checkpoints.
+// The general adjoint keeps, for each sample of a stretch, its transverse pools' F+(0): nt numbers, up to a
+// stride of them (a stretch's heads: vjp_voxel), after the checkpoints.
 template <class R>
 BS_HD int64_t sample_values(const Problem<R>& pb) {
   return int64_t(pb.stride) * pb.nt;
@@ -745,7 +806,8 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
 // replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set. A warp
 // lane passes its orders (pb.K of them from k0) and the warp's shifts, and adds its share to g, eg and tg.
 // kDecoded: the walks read the events as the launch decoded them (pb.event_codes, EventCode; the first order
-// in the CUDA library's group and warp kernels), else each is loaded and formed here (a choice made at run
+// in the CUDA library's group and warp kernels) and step their folds (fold_at: an MRF repetition one step a
+// walk where it was three), else each is loaded and formed here and is its own head (a choice made at run
 // time, per event, took the (2, 3) pools' warp adjoint from 128 registers to 168).
 template <class N, class S, bool kDecoded = false, class R, class EG, class Shift = LocalShift,
           class ShiftAdjoint = LocalShiftAdjoint>
@@ -759,70 +821,94 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   auto kept = [&](int64_t j) { return state_at(pb, store, passes + j, k0); };  // tabulated layouts only
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
   const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
+  [[maybe_unused]] const EventCode<R>* codes = static_cast<const EventCode<R>*>(pb.event_codes);
   [[maybe_unused]] const bool uniform = kDecoded && uniform_pulse(pb);  // (decoded rotations hold for every voxel)
   auto event = [&](int64_t rep, int64_t e) {
     if constexpr (kDecoded) {
-      return decoded_event<N>(pb, static_cast<const EventCode<R>*>(pb.event_codes), rep, e, uniform);
+      return decoded_event<N>(pb, codes, rep, e, uniform);
     } else {
       return load_event<N>(pb, rep, e);
     }
   };
+  // The walks step heads: span(e) events from head e on, back(e) to the head before it (event 0: the
+  // repetition's last), ahead(e) from event e to the first head at or after it.
+  auto span = [&](int64_t e) -> int64_t {
+    if constexpr (kDecoded) return codes[e].span;
+    return 1;
+  };
+  auto back = [&](int64_t e) -> int64_t {
+    if constexpr (kDecoded) return codes[e].back;
+    return 1;
+  };
+  auto ahead = [&](int64_t e) -> int64_t {
+    if constexpr (kDecoded) return codes[e].ahead;
+    return 0;
+  };
   equilibrium_state<S, N>(pb, v, x);
   // Events by (repetition, event), counted along as vjp_voxel_plain's: load_event(pb, i) divides i by E, and
   // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
-  for (int64_t i = 0, rep = 0, e = 0, c = 0, left = 0; i < n; ++i) {
-    if (left == 0) {
-      copy_state(checkpoint(c++), x);
-      left = stride;
-    }
-    --left;
+  for (int64_t i = 0, rep = 0, e = 0, c = 0, due = 0; i < n;) {
+    for (; due <= i; due += stride) copy_state(checkpoint(c++), x);
     const EventValues<N> ev = event(rep, e);
-    if (++e == pb.E) {
+    const int64_t steps = span(e);
+    i += steps;
+    if ((e += steps) == pb.E) {
       e = 0;
       ++rep;
     }
     step_forward(pb, v, t, ev, x, &io, shift);
   }
   zero_state(l);
-  for (int64_t c = (n - 1) / stride; c >= 0; --c) {
-    const int64_t i0 = c * stride, i1 = i0 + stride < n ? i0 + stride : n;
-    int64_t rep = i0 / pb.E, e = i0 - rep * pb.E;
+  // Stretch c runs from the first head at or after event c * stride to the next stretch's first head: a
+  // pass is always a head, so it holds the passes (pb.slots) and at most stride samples (sample_values) that
+  // events c * stride on hold; one left empty (a fold longer than the stride) is skipped.
+  for (int64_t c = (n - 1) / stride, i1 = n; c >= 0; --c) {
+    int64_t i0 = c * stride, rep = i0 / pb.E, e = i0 - rep * pb.E;
+    const int64_t skip = ahead(e);
+    i0 += skip;
+    if ((e += skip) == pb.E) {
+      e = 0;
+      ++rep;
+    }
+    if (i0 == i1) continue;
     copy_state(x, checkpoint(c));
-    // A slot per pass and the F+(0) of each sample without one, counted along here and down again in the
-    // backward (32-bit counters and a state chosen at compile time: a run-time choice between x and tmp, or
-    // the kept values handed to step_adjoint by reference, put a group's register states on the stack).
+    // A slot per pass and the F+(0) of each sample, counted along here and down again in the backward
+    // (32-bit counters and a state chosen at compile time: a run-time choice between x and tmp, or the kept
+    // values handed to step_adjoint by reference, put a group's register states on the stack).
     int32_t slot = 0, sampled = 0;
-    for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t i = i0; i < i1;) {
       const EventValues<N> ev = event(rep, e);
-      if (++e == pb.E) {
+      const int64_t steps = span(e);
+      i += steps;
+      if ((e += steps) == pb.E) {
         e = 0;
         ++rep;
       }
-      const bool pass = passes_over_states(ev.action), sample = sample_without_pass(ev);
+      const bool pass = passes_over_states(ev.action), sample = samples_kept(ev);
       if (pass) copy_state(replay(slot), x);
       const State<S> keep = kept(slot);
       const KeptPoolsF0<S> f0{samples + int64_t(sampled) * pb.nt, sample};
-      if (i + 1 < i1 || sample)  // (the stretch's last event is stepped only where it keeps its sample)
+      if (i < i1 || sample)  // (the stretch's last head is stepped only where it keeps its sample)
         step_forward(pb, v, t, ev, x, &f0, shift, pb.tabulated ? &keep : nullptr);
       else if (pb.tabulated && (ev.action & BS_INTERVAL))
         relax_tables<false>(pb, v, interval_row(pb, ev), Interval<N>(), x, &keep);
       slot += pass;
       sampled += sample;
     }
-    for (int64_t i = i1 - 1; i >= i0; --i) {  // (rep, e) is i1's
-      if (--e < 0) {
-        e = pb.E - 1;
+    for (int64_t i = i1; i > i0;) {  // (rep, e) is i1's, a head or the train's end
+      const int64_t steps = back(e);
+      i -= steps;
+      if ((e -= steps) < 0) {
+        e += pb.E;
         --rep;
       }
       const EventValues<N> ev = event(rep, e);
       if (passes_over_states(ev.action)) --slot;  // (elsewhere the slot named is not read)
-      if (sample_without_pass(ev)) {
-        --sampled;
-        if (tmp.k0 == 0)
-          for (int p = 0; p < tmp.nt; ++p) tmp.fp(p)[0] = samples[int64_t(sampled) * tmp.nt + p];
-      }
-      step_adjoint(pb, v, t, ev, replay(slot), kept(slot), tmp, l, io, g, eg, tg, shift, shift_adjoint);
+      if (samples_kept(ev)) --sampled;
+      step_adjoint(pb, v, t, ev, replay(slot), kept(slot), samples + int64_t(sampled) * pb.nt, tmp, l, io, g, eg, tg,
+                   shift, shift_adjoint);
     }
+    i1 = i0;
   }
   // Equilibrium depends on the tables' zeq: Z_q(0) starts at zeq_q.
   if (pb.tabulated && k0 == 0)
@@ -910,25 +996,6 @@ struct PlainEvents {
   }
 };
 
-// Whether event m joins the fold of the event before it in the plain adjoint's decoded walks (one
-// step_forward_plain, one step_adjoint_plain for both): it makes no pass and carries nothing ahead of itself
-// (no interval, crusher before or pulse), the event before carries nothing after itself, and it does
-// something: a sample right after a head that acts ahead of itself (a pass, or a crusher before it) and
-// samples nothing (so a fold samples at most once, after what its head does, as step_forward_plain orders
-// it), or a shift or spoiler after itself. An MRF repetition (pulse, sample, crusher) is one fold; a fold
-// stays within a repetition (event 0 heads one) and holds at most three events. Decided from the two events
-// alone, so each entry is decoded on its own.
-template <class R>
-BS_HD bool joins_fold(const Problem<R>& pb, int64_t m) {
-  constexpr int32_t ahead = BS_INTERVAL | BS_CRUSH_BEFORE | BS_INVERSION | BS_ROTATE;
-  constexpr int32_t after = BS_SPOIL_AFTER | BS_CRUSH_AFTER | BS_SHIFT_AFTER;
-  if (m <= 0 || m >= pb.E) return false;
-  const int32_t action = pb.action[m], before = pb.action[m - 1];
-  if ((action & ahead) || (before & after)) return false;
-  if (pb.record[m] >= 0) return pb.record[m - 1] < 0 && (before & ahead);
-  return (action & after) != 0;
-}
-
 // The real plain path's events as every voxel of a launch reads them where its pulses are uniform
 // (pulses.hpp uniform_pulse): an event's values, its pulse's rotation and its sample's demodulation, decoded
 // once per launch (the CUDA library's plain adjoints: epg_device.cuh decode_plain_events_kernel); entry E
@@ -949,7 +1016,7 @@ BS_HD int64_t plain_code_bytes(const Problem<R>& pb) {
   return (pb.E + 1) * int64_t(sizeof(PlainCode<R>));
 }
 // Event e's entry as a voxel's own would form it (load_event, plain_event's rotation, sample_turn) with the
-// events folded into it, or e = E: the wrapped interval's.
+// events folded into it (fold_at), or e = E: the wrapped interval's.
 template <class R>
 BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   PlainCode<R> c{};
@@ -959,8 +1026,9 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
     return c;
   }
   const EventValues<R> ev = load_event<R>(pb, 0, e);  // repetition 0: dt, not dt_wrap
-  c.action = ev.action;
-  c.record = ev.record;
+  const Fold f = fold_at(pb, e);
+  c.action = f.action;
+  c.record = f.record;
   c.dt = ev.dt;
   c.flip = ev.flip;
   const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
@@ -969,27 +1037,13 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   c.sa = r.sa;
   c.s2 = r.s2;
   c.half_sa = r.half_sa;
-  Cx<R> turn = cis(-ev.phase);
-  int64_t head = e + 1;  // the next head
-  while (joins_fold(pb, head)) ++head;
-  if (joins_fold(pb, e)) {  // a folded event: walked over, never stepped
-    c.ahead = int16_t(head - e);
-  } else {
-    for (int64_t m = e + 1; m < head; ++m) {
-      c.action |= pb.action[m];
-      if (pb.record[m] >= 0) {
-        c.record = pb.record[m];
-        c.sample_at = int16_t(m - e);
-        turn = cis(-fetch<R>(pb.phase, m));
-      }
-    }
-    c.span = int16_t(head - e);
-    int64_t p = (e == 0 ? pb.E : e) - 1;  // the head before: of the repetition before, from event 0
-    while (joins_fold(pb, p)) --p;
-    c.back = int16_t(e == 0 ? pb.E - p : e - p);
-  }
+  const Cx<R> turn = cis(-fetch<R>(pb.phase, e + f.sample_at));
   c.turn_re = turn.re;
   c.turn_im = turn.im;
+  c.span = f.span;
+  c.back = f.back;
+  c.ahead = f.ahead;
+  c.sample_at = f.sample_at;
   return c;
 }
 // PlainEvents over the decoded entries (`codes`, as the voxel's own: the event's phase, read only through its
