@@ -45,5 +45,6 @@ csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 1, kPlain, 32>(), sha
 csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_at, /    eg.add(kGradPhase, ev.e, /|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kDecoded) return codes\[e\].back;/    if constexpr (kDecoded) return 1;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
+csrc/include/blochsim/event_loop.hpp|s/  if (c.sample_at) ev.sample_phase = fetch<N>(pb.phase, e + c.sample_at);/  ;/|general_adjoint_decoded and map
 MUTATIONS
 exit $status

@@ -282,11 +282,11 @@ __global__ void __launch_bounds__(128) decode_plain_events_kernel(const Problem<
   if (e <= pb.E) codes[e] = plain_code(pb, e);
 }
 
-// Before a general adjoint at the first order (vjp_warp_kernel): every event decoded once for the launch
-// (event_loop.hpp EventCode, event_code), a thread an entry.
+// Before a general adjoint in a group or warp per voxel (vjp_warp_kernel): every event decoded once for the
+// launch (event_loop.hpp EventCode, event_code), a thread an entry; the second order reads their folds alone.
 template <class N, class S, class R>
 __global__ void __launch_bounds__(128) decode_general_events_kernel(const Problem<R> pb, EventCode<R>* codes) {
-  static_assert(reads_event_codes<N, R>(), "entries in the problem's reals: the first order");
+  static_assert(reads_event_codes<N, R>(), "entries in the problem's reals: the first order and the second");
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e < pb.E) codes[e] = event_code(pb, e, !std::is_same<S, N>::value);
 }
@@ -844,8 +844,8 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const TableGrad<N> tg =
       tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
-  // The first order reads the events as the launch decoded them (launch_rules.hpp decoded_general_events).
-  vjp_voxel<N, S, reads_event_codes<N, R>()>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg,
+  // The walks read the events as the launch decoded them (launch_rules.hpp decoded_general_events).
+  vjp_voxel<N, S, launch_event_source<N, R>()>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg,
                                              WarpShift{lane, K, LANES}, WarpShiftAdjoint{lane, K, LANES},
                                              int64_t(lane) * KPL);
   const bool writer = lane == 0 && active;

@@ -165,7 +165,7 @@ template <class N, class S>
 BS_HD void write_sample(const SampleIO<N>* io, const EventValues<N>& ev, const Voxel<N>& t, State<S> x) {
   Cx<N> sum;
   for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
-  io->put(ev.record, sum * (ev.turn ? *ev.turn : cis(-ev.phase)) * t.m0);
+  io->put(ev.record, sum * demodulation(ev) * t.m0);
 }
 template <class N, class S>
 BS_HD void write_sample(const KeptPoolsF0<S>* io, const EventValues<N>&, const Voxel<N>&, State<S> x) {
@@ -270,7 +270,7 @@ BS_HD PlainEvent<N> plain_event(const Problem<R>& pb, const Voxel<N>& t, const E
   return plain_event(
       t, ev, [&] { return make_decay(pb, t, ev.dt); },
       [&] { return ev.rotation ? *ev.rotation : make_rotation(ev.flip * t.b1, ev.phase + t.b1phase, false); },
-      [&] { return ev.turn ? *ev.turn : cis(-ev.phase); });
+      [&] { return demodulation(ev); });
 }
 
 // The value forward (and JVP) of the real plain path: one pool, every order relaxing alike, the whole
@@ -546,7 +546,7 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     for (int p = 0; p < l.nt; ++p) shift_adjoint(l.water(p), K);
   if (io.cot && samples_kept(ev)) {  // after the pulse (a fold's), ahead of the shifts after it
     const Cx<N> w = io.get(ev.record);
-    const Cx<N> turn = ev.turn ? *ev.turn : cis(-ev.phase);
+    const Cx<N> turn = demodulation(ev);
     Cx<N> u;  // the sample's F+(0): on the lane that holds order 0 (zero elsewhere)
     if (l.k0 == 0) {
       for (int p = 0; p < l.nt; ++p) u += transverse(sampled[p]);
@@ -663,11 +663,21 @@ struct alignas(16) EventCode {
   Cx<R> turn;
   int16_t span, back, ahead, sample_at;
 };
-// Whether the general adjoint's walks at number type N read EventCode entries (a launch's first order in the
-// CUDA library's group and warp kernels): the entries hold the problem's reals R, no tangents.
+// Where the general adjoint's walks (vjp_voxel) read their events: each its own (load_event: the host), or
+// from the EventCode entries a launch decoded (the CUDA library's group and warp kernels), the values and
+// folds (kDecodedEvents: the first order, whose entries hold its numbers, the problem's reals R) or the folds
+// alone, the values each voxel's own with their tangents (kFoldedEvents: the second order).
+enum EventSource { kOwnEvents, kFoldedEvents, kDecodedEvents };
+template <class N, class R>
+constexpr EventSource launch_event_source() {
+  if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) return kDecodedEvents;
+  if constexpr (Num<N>::P == 1 && std::is_same<typename Num<N>::Real, R>::value) return kFoldedEvents;
+  return kOwnEvents;
+}
+// Whether the general adjoint's walks at number type N read EventCode entries (launch_event_source).
 template <class N, class R>
 constexpr bool reads_event_codes() {
-  return Num<N>::P == 0 && std::is_same<N, R>::value;
+  return launch_event_source<N, R>() != kOwnEvents;
 }
 template <class R>
 BS_HD int64_t event_code_bytes(const Problem<R>& pb) {
@@ -716,6 +726,18 @@ BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* cod
   ev.turn = &c.turn;
   ev.sample_at = c.sample_at;
   if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
+  return ev;
+}
+// Event e of repetition rep with its own values (load_event, tangents and all) and the decoded entry's fold:
+// the actions and sample of the events it steps, the sample demodulated by its own event's phase.
+template <class N, class R>
+BS_HD EventValues<N> folded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep, int64_t e) {
+  const EventCode<R>& c = codes[e];
+  EventValues<N> ev = load_event<N>(pb, rep, e);
+  ev.action = c.action;
+  ev.record = c.record;
+  ev.sample_at = c.sample_at;
+  if (c.sample_at) ev.sample_phase = fetch<N>(pb.phase, e + c.sample_at);
   return ev;
 }
 
@@ -805,11 +827,11 @@ BS_HD void forward_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref
 // Checkpointed adjoint of one voxel: the forward sweep keeps every stride-th state; the reverse sweep
 // replays each stretch from its checkpoint. Writes the forward samples too when io.signal is set. A warp
 // lane passes its orders (pb.K of them from k0) and the warp's shifts, and adds its share to g, eg and tg.
-// kDecoded: the walks read the events as the launch decoded them (pb.event_codes, EventCode; the first order
-// in the CUDA library's group and warp kernels) and step their folds (fold_at: an MRF repetition one step a
-// walk where it was three), else each is loaded and formed here and is its own head (a choice made at run
-// time, per event, took the (2, 3) pools' warp adjoint from 128 registers to 168).
-template <class N, class S, bool kDecoded = false, class R, class EG, class Shift = LocalShift,
+// kSource: where the walks read the events (launch_event_source; a choice made at run time, per event, took
+// the (2, 3) pools' warp adjoint from 128 registers to 168): each loaded and formed here, its own head
+// (kOwnEvents), or from the launch's decoded entries (pb.event_codes, EventCode), the walks then stepping
+// their folds (fold_at: an MRF repetition one step a walk where it was three).
+template <class N, class S, EventSource kSource = kOwnEvents, class R, class EG, class Shift = LocalShift,
           class ShiftAdjoint = LocalShiftAdjoint>
 BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> work, Ref<S> store, const SampleIO<N>& io,
                      VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg, const Shift& shift = Shift(),
@@ -822,10 +844,13 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   auto checkpoint = [&](int64_t c) { return state_at(pb, store, replayed + c, k0); };
   const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
   [[maybe_unused]] const EventCode<R>* codes = static_cast<const EventCode<R>*>(pb.event_codes);
-  [[maybe_unused]] const bool uniform = kDecoded && uniform_pulse(pb);  // (decoded rotations hold for every voxel)
+  constexpr bool kFolds = kSource != kOwnEvents;
+  [[maybe_unused]] const bool uniform = kSource == kDecodedEvents && uniform_pulse(pb);  // (for every voxel)
   auto event = [&](int64_t rep, int64_t e) {
-    if constexpr (kDecoded) {
+    if constexpr (kSource == kDecodedEvents) {
       return decoded_event<N>(pb, codes, rep, e, uniform);
+    } else if constexpr (kSource == kFoldedEvents) {
+      return folded_event<N>(pb, codes, rep, e);
     } else {
       return load_event<N>(pb, rep, e);
     }
@@ -833,15 +858,15 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   // The walks step heads: span(e) events from head e on, back(e) to the head before it (event 0: the
   // repetition's last), ahead(e) from event e to the first head at or after it.
   auto span = [&](int64_t e) -> int64_t {
-    if constexpr (kDecoded) return codes[e].span;
+    if constexpr (kFolds) return codes[e].span;
     return 1;
   };
   auto back = [&](int64_t e) -> int64_t {
-    if constexpr (kDecoded) return codes[e].back;
+    if constexpr (kFolds) return codes[e].back;
     return 1;
   };
   auto ahead = [&](int64_t e) -> int64_t {
-    if constexpr (kDecoded) return codes[e].ahead;
+    if constexpr (kFolds) return codes[e].ahead;
     return 0;
   };
   equilibrium_state<S, N>(pb, v, x);

@@ -212,7 +212,7 @@ Problem<R> decoding_events(const Launcher& launcher, Tag tag, int64_t entries, c
   decoded.*field = codes;
   return decoded;
 }
-// The real plain path's (entry E: the wrapped interval's), and every event of a general adjoint's first order.
+// The real plain path's (entry E: the wrapped interval's), and every event of a general adjoint.
 template <class N, class S, class Launcher, class R>
 Problem<R> decoding_plain_events(const Launcher& launcher, const Problem<R>& pb, int64_t V, void* scratch) {
   return decoding_events<PlainCode<R>, N, S>(launcher, DecodePlainEvents<R>(), pb.E + 1, &Problem<R>::plain_events,
@@ -279,7 +279,8 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         return;
       }
     }
-    // The general adjoints (vjp_warp_kernel) read their events decoded once for the launch at the first order.
+    // The general adjoints (vjp_warp_kernel) read their events decoded once for the launch (the second order
+    // their folds alone).
     Problem<R> general = pb;
     if constexpr (reads_event_codes<N, R>()) {
       if (decoded_general_events<N, S>(pb, V)) general = decoding_general_events<N, S>(launcher, pb, V, scratch);

@@ -340,10 +340,10 @@ inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kern
     return false;
   }
 }
-// Whether an adjoint launch is of the general scheme in a group or warp per voxel at the first order
-// (vjp_warp_kernel, pool model 0 or the pool tables, N the problem's reals), whose walks read the events as
-// the launch decoded them (vjp_voxel's kDecoded, event_loop.hpp EventCode): in the library with the warp
-// kernels, every launch of vjp_warp_kernel's first order.
+// Whether an adjoint launch is of the general scheme in a group or warp per voxel (vjp_warp_kernel, pool
+// model 0 or the pool tables), whose walks read the events as the launch decoded them (event_loop.hpp
+// EventCode, launch_event_source: values and folds at the first order, folds at the second): in the library
+// with the warp kernels, every launch of vjp_warp_kernel.
 template <class N, class S, class R>
 inline bool decoded_general_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if constexpr (reads_event_codes<N, R>()) {
