@@ -43,8 +43,8 @@ csrc/include/blochsim/event_loop.hpp|s/  ev.rotation = uniform ? \&c.rotation : 
 csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|general_adjoint_decoded and map
 csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 1, kPlain, 32>(), shape,/AdjointLanes<N, S, 1, kPlain, 32>(), lanes_shape(V, 8),/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_at, /    eg.add(kGradPhase, ev.e, /|general_adjoint_decoded and map
-csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kDecoded) return codes\[e\].back;/    if constexpr (kDecoded) return 1;/|general_adjoint_folds and auto
+csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kFolds) return codes\[e\].back;/    if constexpr (kFolds) return 1;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
-csrc/include/blochsim/event_loop.hpp|s/  if (c.sample_at) ev.sample_phase = fetch<N>(pb.phase, e + c.sample_at);/  ;/|general_adjoint_decoded and map
+csrc/include/blochsim/event_loop.hpp|s/  if (c.record >= 0) turn = cis(-fetch<N>(pb.phase, e + c.sample_at));/  if (c.record >= 0) turn = cis(-fetch<N>(pb.phase, e));/|general_adjoint_decoded and map
 MUTATIONS
 exit $status

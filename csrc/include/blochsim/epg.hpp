@@ -194,14 +194,14 @@ struct EventValues {
   int32_t sample_at = 0;  // where the event samples, after e (a decoded fold's: event_loop.hpp fold_at)
   int64_t e;
   N dt, flip, phase;
-  N sample_phase;  // the phase its sample is demodulated by: its own, or (a fold's) its sample's event's
   const Rotation<N>* rotation = nullptr;
   const Cx<N>* turn = nullptr;
 };
-// A sample's demodulation: as decoded (turn), else cis(-phase) of the sample's own event.
+// A sample's demodulation: `turn` where it is set (a fold's sample's, whose phase is not its head's), else
+// cis(-phase).
 template <class N>
 BS_HD Cx<N> demodulation(const EventValues<N>& ev) {
-  return ev.turn ? *ev.turn : cis(-ev.sample_phase);
+  return ev.turn ? *ev.turn : cis(-ev.phase);
 }
 
 template <class N, class R>
@@ -215,7 +215,6 @@ BS_HD EventValues<N> load_event(const Problem<R>& pb, int64_t rep, int64_t e) {
   ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : fetch<N>(pb.dt, ev.e);
   ev.flip = fetch<N>(pb.flip, ev.e);
   ev.phase = fetch<N>(pb.phase, ev.e);
-  ev.sample_phase = ev.phase;
   if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
   return ev;
 }

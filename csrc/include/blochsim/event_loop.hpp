@@ -729,15 +729,19 @@ BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* cod
   return ev;
 }
 // Event e of repetition rep with its own values (load_event, tangents and all) and the decoded entry's fold:
-// the actions and sample of the events it steps, the sample demodulated by its own event's phase.
+// the actions and sample of the events it steps, the sample demodulated by its own event's phase, formed in
+// `turn` (the caller's, which ev.turn then names: set on every event, so that the steps' reads of it resolve
+// to that one variable and it stays in registers) where the fold samples.
 template <class N, class R>
-BS_HD EventValues<N> folded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep, int64_t e) {
+BS_HD EventValues<N> folded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep, int64_t e,
+                                  Cx<N>& turn) {
   const EventCode<R>& c = codes[e];
   EventValues<N> ev = load_event<N>(pb, rep, e);
   ev.action = c.action;
   ev.record = c.record;
   ev.sample_at = c.sample_at;
-  if (c.sample_at) ev.sample_phase = fetch<N>(pb.phase, e + c.sample_at);
+  if (c.record >= 0) turn = cis(-fetch<N>(pb.phase, e + c.sample_at));
+  ev.turn = &turn;
   return ev;
 }
 
@@ -846,11 +850,12 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   [[maybe_unused]] const EventCode<R>* codes = static_cast<const EventCode<R>*>(pb.event_codes);
   constexpr bool kFolds = kSource != kOwnEvents;
   [[maybe_unused]] const bool uniform = kSource == kDecodedEvents && uniform_pulse(pb);  // (for every voxel)
+  [[maybe_unused]] Cx<N> sample_turn;  // (kFoldedEvents: folded_event)
   auto event = [&](int64_t rep, int64_t e) {
     if constexpr (kSource == kDecodedEvents) {
       return decoded_event<N>(pb, codes, rep, e, uniform);
     } else if constexpr (kSource == kFoldedEvents) {
-      return folded_event<N>(pb, codes, rep, e);
+      return folded_event<N>(pb, codes, rep, e, sample_turn);
     } else {
       return load_event<N>(pb, rep, e);
     }
