@@ -211,7 +211,10 @@ inline bool plain_general_adjoint(const Problem<R>& pb, int lanes) {
 }
 // Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
 // 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
-// groups of 8, none on the warp; not measured). H200, 2026-12-04, ms per call through the API under the
+// groups of 8, none on the warp; H100, through the API, 5fa5820, ms, warp / groups of 8 / of 4: complex HVP
+// 2k 15.28-15.79 / 21.33-21.55 / 25.99, 5k 35.03-35.10 / 39.91-40.16 / 55.67, 20k 137.35-137.78 /
+// 134.46-134.95 / 205.37, the groups' peaks higher: benchmarks/results/mapping/
+// api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s21f-*.json). H200, 2026-12-04, ms per call through the API under the
 // default scratch cap (adjoint launches of ~4,300 voxels; benchmarks/results/mapping/
 // adjoint_mapping-NVIDIA_H200-2026-12-04-99ed754.json), lanes8 / warp / thread: real gradient 2k 8.1 / 8.8 /
 // 12.8, 20k 25.9 / 43.7 / 48.7, 100k 105 / 241 / 202; complex gradient 2k 9.2 / 9.4 / 36.2, 20k 52.9 / 57.6 /
