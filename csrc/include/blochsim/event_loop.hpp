@@ -645,6 +645,16 @@ BS_HD Fold fold_at(const Problem<R>& pb, int64_t e) {
   f.back = int16_t(e == 0 ? pb.E - p : e - p);
   return f;
 }
+// A decoded entry's (EventCode's, PlainCode's) fields of its fold.
+template <class Code>
+BS_HD void put_fold(Code& c, const Fold& f) {
+  c.action = f.action;
+  c.record = f.record;
+  c.span = f.span;
+  c.back = f.back;
+  c.ahead = f.ahead;
+  c.sample_at = f.sample_at;
+}
 
 // An event of the general adjoint's walks (vjp_voxel) as every voxel of a launch reads it at the first order:
 // its values, its sample's demodulation and, where the pulses are uniform over the voxels (pulses.hpp
@@ -691,12 +701,7 @@ BS_HD EventCode<R> event_code(const Problem<R>& pb, int64_t e, bool complex_path
   const EventValues<R> ev = load_event<R>(pb, 0, e);
   const Fold f = fold_at(pb, e);
   EventCode<R> c{};
-  c.action = f.action;
-  c.record = f.record;
-  c.span = f.span;
-  c.back = f.back;
-  c.ahead = f.ahead;
-  c.sample_at = f.sample_at;
+  put_fold(c, f);
   c.dt = ev.dt;
   c.flip = ev.flip;
   c.phase = ev.phase;
@@ -1057,8 +1062,7 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   }
   const EventValues<R> ev = load_event<R>(pb, 0, e);  // repetition 0: dt, not dt_wrap
   const Fold f = fold_at(pb, e);
-  c.action = f.action;
-  c.record = f.record;
+  put_fold(c, f);
   c.dt = ev.dt;
   c.flip = ev.flip;
   const R b1 = fetch<R>(pb.tissue[BS_B1], 0), b1phase = fetch<R>(pb.tissue[BS_B1_PHASE_RAD], 0);
@@ -1070,10 +1074,6 @@ BS_HD PlainCode<R> plain_code(const Problem<R>& pb, int64_t e) {
   const Cx<R> turn = cis(-fetch<R>(pb.phase, e + f.sample_at));
   c.turn_re = turn.re;
   c.turn_im = turn.im;
-  c.span = f.span;
-  c.back = f.back;
-  c.ahead = f.ahead;
-  c.sample_at = f.sample_at;
   return c;
 }
 // PlainEvents over the decoded entries (`codes`, as the voxel's own: the event's phase, read only through its
