@@ -313,6 +313,18 @@ def test_general_adjoint_folds_match_host(train_name, b1, stride, mapping):
     assert_derivatives_close(card_grads, host_grads)
 
 
+@pytest.mark.parametrize("lanes", ("8", "16"))
+@pytest.mark.parametrize(("train_name", "b1", "stride"), GENERAL_FOLD_CASES)
+def test_second_order_groups_fold_like_host(train_name, b1, stride, lanes, monkeypatch):
+    """general_fold_gradients with the complex second order's adjoint forced into groups of 8 or 16 lanes of
+    the plain layout (BLOCHSIM_CUDA_ADJOINT_LANES; launch_rules.hpp plain_general_adjoint), held to the host."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", lanes)
+    (card, card_grads), (host, host_grads) = (general_fold_gradients(device, train_name, b1, stride)
+                                              for device in ("cuda", "cpu"))
+    assert rel_max_err(card.cpu(), host) < 1e-5
+    assert_derivatives_close(card_grads, host_grads)
+
+
 @pytest.mark.parametrize("n", (131, 40_000))  # 40,000 voxels: blocks of 128 threads (launch_rules.hpp threads_for)
 def test_staged_samples_match_host(n, mapping):
     """The real register kernel keeps its samples in shared memory and writes them 8 at a time (epg_device.cuh
@@ -401,6 +413,9 @@ def test_sanitizer_case():
                     test_first_and_second_derivatives_match_host(pools, True, 10, mapping)
             if mapping == "warp":  # the real fixed-pool second order (a semisolid pool: its saturation table)
                 test_first_and_second_derivatives_match_host("poolb+mt", False, 10, mapping)
+                with pytest.MonkeyPatch.context() as patch:  # the complex second order in plain groups
+                    for group in ("plain16", "plain8"):
+                        test_group_second_order_adjoints_match_the_oracle(group, 20, "complex", patch)
             if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
                 with pytest.MonkeyPatch.context() as patch:
                     test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)
@@ -425,8 +440,9 @@ def test_sanitizer_case():
 # 13 voxels: the last warp holds a voxel or five past the end (padding groups replay the last voxel and must
 # write nothing, nor add to the event gradients); 20 orders: the lanes past order 19 hold no state.
 # BLOCHSIM_CUDA_ADJOINT_LANES=16|32 (the "plain16", "plain32" cases) forces the plain adjoint's scheme into
-# groups of 16 or 32 lanes (2 orders or 1 a lane) where it applies (the real path at 32 orders); elsewhere the
-# rules choose.
+# groups of 16 or 32 lanes (2 orders or 1 a lane) where it applies (the real path at 32 orders), and 8 or 16
+# ("plain8", "plain16") the complex second order's general adjoint into groups of the plain layout (4 or 2
+# orders a lane; launch_rules.hpp plain_general_adjoint); elsewhere the rules choose.
 GROUP_VOXELS = 13
 GROUP_CARD = "cuda"  # (the bodies pass on the host with "cpu": the same float32 budget)
 GROUP_EVENTS = ("flips", "tr_s", "phases")
@@ -501,7 +517,7 @@ def test_group_adjoints_match_the_oracle(group, states, path, monkeypatch):
 
 @pytest.mark.parametrize("path", ("real", "complex"))
 @pytest.mark.parametrize("states", (20, 32))
-@pytest.mark.parametrize("group", ("lanes8", "lanes4", "plain16", "plain32", "thread"))
+@pytest.mark.parametrize("group", ("lanes8", "lanes4", "plain8", "plain16", "plain32", "thread"))
 def test_group_second_order_adjoints_match_the_oracle(group, states, path, monkeypatch):
     """The VJP-JVP in groups of lanes, and a thread per voxel (on the real path the plain step pair at dual
     numbers, its states in device scratch): the backward of the VJP, a Hessian-vector product by double

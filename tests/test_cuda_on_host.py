@@ -406,13 +406,15 @@ GENERAL_CASES = ([(train_name, b1, stride) for train_name in ("carried", "mrf", 
                  if FULL else GENERAL_FOLD_CASES)
 
 
-@pytest.mark.parametrize("general_mapping", ("auto", "warp"))
+@pytest.mark.parametrize("general_mapping", ("auto", "warp", "plain8", "plain16"))
 @pytest.mark.parametrize(("train_name", "b1", "stride"), GENERAL_CASES)
 def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, train_name, b1, stride):
     """test_cuda.general_fold_gradients on the emulated card (the complex path's adjoints in groups and a warp
-    a voxel stepping the folds of their decoded events), against the host, each derivative at its own scale
-    (assert_plain_close's)."""
-    if general_mapping != "auto":
+    a voxel stepping the folds of their decoded events; "plainN": the second order's in groups of N lanes of
+    the plain layout), against the host, each derivative at its own scale (assert_plain_close's)."""
+    if general_mapping.startswith("plain"):
+        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", general_mapping[len("plain"):])
+    elif general_mapping != "auto":
         monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", general_mapping)
     (host, host_grads), (emulated, emulated_grads) = on_both(
         card, lambda: general_fold_gradients("cpu", train_name, b1, stride))

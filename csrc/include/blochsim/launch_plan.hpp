@@ -291,10 +291,17 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         return;
       }
     }
-    if (lanes == 8 || lanes == 4) {  // the general scheme in a group per voxel (pool model 0, up to 32 orders)
+    if (lanes == 16 || lanes == 8 || lanes == 4) {  // the general scheme in a group per voxel (up to 32 orders)
       const LaunchShape shape = lanes_shape(V, lanes);
-      if constexpr (!std::is_same<N, S>::value && Num<N>::P == 0) {  // (compiled for the complex first order)
-        if (plain_general_adjoint<N, S>(pb, lanes)) {
+      if constexpr (!std::is_same<N, S>::value && Num<N>::P <= 1) {  // (compiled for the complex path)
+        if (plain_general_adjoint<N, S>(pb, lanes)) {  // the plain layout: 8 lanes, or 16 (the second order)
+          if constexpr (Num<N>::P == 1) {
+            if (lanes == 16) {
+              launcher.start(AdjointLanes<N, S, 2, kPlain, 16>(), shape, general, V, io, eg, out, state_scratch,
+                             table_scratch);
+              return;
+            }
+          }
           launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
           return;

@@ -200,23 +200,34 @@ inline bool plain_group_adjoint(const Problem<R>& pb, int lanes) {
 }
 // Whether the general adjoint of `lanes` lanes per voxel (vjp_warp_kernel) takes the plain layout rather than
 // pool model 0: the complex path where every order relaxes alike (plain_orders: no diffusion, flow or
-// washout), the first order in groups of 8 (4 orders a lane) and the second on a warp (one order a lane). The
-// plain layout holds those facts at compile time, so relaxation, its adjoint and the interval's factors lose
-// their order-dependent branches, as the value forwards' did.
+// washout), the first order in groups of 8 (4 orders a lane) and the second in groups of 16 (2 orders a lane;
+// adjoint_lanes), 8 (forced: BLOCHSIM_CUDA_ADJOINT_LANES=8) or a warp (one order a lane). The plain layout
+// holds those facts at compile time, so relaxation, its adjoint and the interval's factors lose their
+// order-dependent branches, as the value forwards' did.
 template <class N, class S, class R>
 inline bool plain_general_adjoint(const Problem<R>& pb, int lanes) {
   constexpr bool complex_path = !std::is_same<N, S>::value;
-  const bool compiled = (Num<N>::P == 0 && lanes == 8) || (Num<N>::P == 1 && lanes == 32);  // K <= 32: one order a lane
+  const bool second_order_groups = Num<N>::P == 1 && (lanes == 8 || lanes == 16);
+  const bool compiled = (Num<N>::P == 0 && lanes == 8) || (Num<N>::P == 1 && lanes == 32) || second_order_groups;
   return complex_path && compiled && pb.K <= 32 && plain_orders(pb);
 }
-// Lanes per voxel of an adjoint launch: 32 (a warp), 8 or 4 (a group), or 1 (a thread per voxel). Groups of
-// 8 wherever they are compiled, but for the complex second order (Cx<Dual>: 496 bytes spilled a thread in
-// groups of 8, none on the warp; H100, through the API, 5fa5820, ms, warp / groups of 8 / of 4: complex HVP
-// 2k 15.28-15.79 / 21.33-21.55 / 25.99, 5k 35.03-35.10 / 39.91-40.16 / 55.67, 20k 137.35-137.78 /
-// 134.46-134.95 / 205.37, the groups' peaks higher: benchmarks/results/mapping/
-// api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s21f-*.json). H200, 2026-12-04, ms per call through the API under the
-// default scratch cap (adjoint launches of ~4,300 voxels; benchmarks/results/mapping/
-// adjoint_mapping-NVIDIA_H200-2026-12-04-99ed754.json), lanes8 / warp / thread: real gradient 2k 8.1 / 8.8 /
+// Lanes per voxel of an adjoint launch: 32 (a warp), 16, 8 or 4 (a group), or 1 (a thread per voxel). Groups
+// of 8 wherever they are compiled, but for the complex second order: pool model 0's groups of 8 spill
+// (Cx<Dual>: 496 bytes a thread, none on the warp; H100, through the API, 5fa5820, ms, warp / groups of 8 /
+// of 4: complex HVP 2k 15.28-15.79 / 21.33-21.55 / 25.99, 5k 35.03-35.10 / 39.91-40.16 / 55.67, 20k
+// 137.35-137.78 / 134.46-134.95 / 205.37, the groups' peaks higher: benchmarks/results/mapping/
+// api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s21f-*.json), so where its orders relax alike (plain_orders) it
+// takes the plain layout in groups of 16 (ptxas, sm_90: 255 registers, no spill, two blocks of 128 a
+// multiprocessor; 2 voxels a warp, each event's scalar work on 16 lanes where the warp repeats it on 32),
+// else the warp. H100, through the API, alternated, two rounds (mapping/api_cases-NVIDIA_H100_80GB_HBM3-
+// 2026-12-06-s22b-*.json), ms (peak MiB), warp / plain groups of 16 / of 8: complex HVP 2k 15.17-15.26 (185)
+// / 12.55-12.67 (208) / 10.99-11.09 (342), 5k 34.17-34.84 (242) / 28.79-28.89 (265) / 26.94-27.20 (417, the
+// incumbent's 410), 20k 138.5-139.1 (611) / 118.2-118.5 (611) / 103.5-104.0 (702). Groups of 8 are the
+// fastest, but each of their launches fills a wave of 4,224 voxels' stores (255 registers, 280 bytes
+// spilled): over the incumbent's peak at 5k; groups of 16 stay within 23 MiB of the warp's peak.
+// H200, 2026-12-04, ms per call through the API under the default scratch cap (adjoint launches of ~4,300
+// voxels; benchmarks/results/mapping/adjoint_mapping-NVIDIA_H200-2026-12-04-99ed754.json), lanes8 / warp /
+// thread: real gradient 2k 8.1 / 8.8 /
 // 12.8, 20k 25.9 / 43.7 / 48.7, 100k 105 / 241 / 202; complex gradient 2k 9.2 / 9.4 / 36.2, 20k 52.9 / 57.6 /
 // 311; real HVP 20k 137 / 219 / 1512 (its lanes8 row with its Jacobian forced to lanes8 as well, 4.5 ms
 // slower than auto's). Launches of 20k-100k voxels (a 1 GiB budget): lanes8 within 10% of the best (lanes4 or
@@ -255,8 +266,9 @@ template <class N, class S, class R>
 inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
   const int plain_lanes = forced_adjoint_plain_lanes();
-  const bool forced_groups =
-      plain_group_adjoint<N, S>(pb, plain_lanes) || fixed_pool_group_adjoint<N, S>(pb, plain_lanes);
+  const bool forced_groups = plain_group_adjoint<N, S>(pb, plain_lanes) ||
+                             fixed_pool_group_adjoint<N, S>(pb, plain_lanes) ||
+                             (Num<N>::P == 1 && plain_general_adjoint<N, S>(pb, plain_lanes));
   if (plain_lanes > 0 && forced_groups) return plain_lanes;
   const int forced = forced_mapping();
   if (forced > 1 && forced < 32) return group_adjoint(pb) ? forced : 1;
@@ -264,6 +276,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   constexpr bool complex_second_order = !std::is_same<N, S>::value && Num<N>::P > 0;
   if (register_adjoint<N, S>(pb)) return V <= kPlainGroupVoxels ? 8 : V <= kPlainGroupOf4Voxels ? 4 : 1;
   if (plain_group_adjoint<N, S>(pb, 4)) return V <= kPlainSecondOrderOf8Voxels ? 8 : 4;
+  if (complex_second_order && plain_general_adjoint<N, S>(pb, 16)) return 16;
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
