@@ -222,7 +222,7 @@ inline bool plain_general_adjoint(const Problem<R>& pb, int lanes) {
 // else the warp. H100, through the API, alternated, two rounds (mapping/api_cases-NVIDIA_H100_80GB_HBM3-
 // 2026-12-06-s22b-*.json), ms (peak MiB), warp / plain groups of 16 / of 8: complex HVP 2k 15.17-15.26 (185)
 // / 12.55-12.67 (208) / 10.99-11.09 (342), 5k 34.17-34.84 (242) / 28.79-28.89 (265) / 26.94-27.20 (417, the
-// incumbent's 410), 20k 138.5-139.1 (611) / 118.2-118.5 (611) / 103.5-104.0 (702). Groups of 8 are the
+// incumbent's 410), 20k 138.51-139.05 (611) / 118.19-118.45 (611) / 103.47-103.98 (702). Groups of 8 are the
 // fastest, but each of their launches fills a wave of 4,224 voxels' stores (255 registers, 280 bytes
 // spilled): over the incumbent's peak at 5k; groups of 16 stay within 23 MiB of the warp's peak.
 // H200, 2026-12-04, ms per call through the API under the default scratch cap (adjoint launches of ~4,300
