@@ -120,6 +120,17 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     assert rel_max_err(gpu[6], cpu[6]) < 1e-4 and rel_max_err(gpu[7], cpu[7]) < 1e-3
 
 
+@pytest.mark.parametrize("pools", ("mt", "poolb", "poolb+mt"))
+@pytest.mark.parametrize("states", (10, 32))
+def test_pool_second_order_groups_match_host(pools, states, monkeypatch):
+    """The second order's adjoint with its pool counts compiled in groups of 16 lanes (2 orders a lane, two
+    voxels a warp; BLOCHSIM_CUDA_ADJOINT_LANES=16, launch_rules.hpp fixed_pool_second_order_groups), the
+    first-order and Jacobian passes as the rules choose: test_first_and_second_derivatives_match_host's
+    derivatives held to the host."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "16")
+    test_first_and_second_derivatives_match_host(pools, False, states, "auto")
+
+
 @pytest.mark.parametrize("pools", ("free", "poolb+mt"))
 @pytest.mark.parametrize("states", (10, 32, 40))  # 32: model 0 leaves the plain layouts (launch_rules.hpp)
 def test_order_dependent_physics_matches_host(states, pools, mapping):
@@ -416,6 +427,8 @@ def test_sanitizer_case():
                 with pytest.MonkeyPatch.context() as patch:  # the complex second order in plain groups
                     for group in ("plain16", "plain8"):
                         test_group_second_order_adjoints_match_the_oracle(group, 20, "complex", patch)
+                with pytest.MonkeyPatch.context() as patch:  # the fixed-pool second order in groups of 16
+                    test_pool_second_order_groups_match_host("poolb+mt", 10, patch)
             if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
                 with pytest.MonkeyPatch.context() as patch:
                     test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)

@@ -191,6 +191,15 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     assert rel_max_err(emulated[6], host[6]) < 1e-4 and rel_max_err(emulated[7], host[7]) < 1e-3
 
 
+@pytest.mark.parametrize("pools", ("mt", "poolb", "poolb+mt"))
+@pytest.mark.parametrize("states", (10, 32))
+def test_pool_second_order_groups_match_host(pools, states, card, monkeypatch):
+    """test_first_and_second_derivatives_match_host with the second order's fixed-pool adjoint in groups of 16
+    lanes (BLOCHSIM_CUDA_ADJOINT_LANES=16: two voxels a warp, a padding group in the last block)."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "16")
+    test_first_and_second_derivatives_match_host(pools, False, states, "auto", card)
+
+
 @pytest.mark.parametrize("b1", ("map", "one value"))
 def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
     """test_cuda.decoded_events_gradients on the emulated card (the general adjoint's first order reading its

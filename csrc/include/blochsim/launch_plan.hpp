@@ -182,7 +182,8 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
 // ---- adjoints (VJP, VJP-JVP) ----------------------------------------------------------------------------
 // The adjoint with the pool counts fixed at compile time, a warp per voxel (launch_rules.hpp
 // fixed_pool_warp: the first order, N = float, and the second, N = Dual<float, 1>; csrc/cuda/pools.cu and
-// pools_dual.cu), or the real first order in groups of 8 (fixed_pool_group_adjoint).
+// pools_dual.cu), the real first order in groups of 8 (fixed_pool_group_adjoint), or the second in groups of
+// 16 (fixed_pool_second_order_groups).
 template <class N, class S, class Launcher>
 void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<N>& io,
                       const typename Launcher::template EventGrad<N>& eg, const GradOut<float>& out, S* scratch,
@@ -192,6 +193,14 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
     if constexpr (std::is_same<N, float>::value && std::is_same<S, float>::value) {
       if (lanes == 8) {
         launcher.start(AdjointLanes<N, S, 4, L, 8>(), lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
+        return;
+      }
+    }
+    constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
+    if constexpr (second_order_groups && layout_planes(L) <= 7) {
+      if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
+        launcher.start(AdjointLanes<N, S, 2, L, 16>(), lanes_shape(V, 16), pb, V, io, eg, out, scratch,
+                       table_scratch);
         return;
       }
     }
@@ -285,8 +294,9 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
     if constexpr (reads_event_codes<N, R>()) {
       if (decoded_general_events<N, S>(pb, V)) general = decoding_general_events<N, S>(launcher, pb, V, scratch);
     }
-    if constexpr (std::is_same<N, float>::value) {  // (launch_vjp_pools is compiled for float and its dual only)
-      if (fixed_pool_group_adjoint<N, S>(pb, lanes)) {  // the fixed pools in groups of 8
+    if constexpr (std::is_same<N, float>::value || std::is_same<N, Dual<float, 1>>::value) {
+      // (launch_vjp_pools is compiled for float and its dual only) the fixed pools in groups of 8 or 16
+      if (fixed_pool_group_adjoint<N, S>(pb, lanes) || fixed_pool_second_order_groups<N, S>(pb, lanes)) {
         launch_vjp_pools<N, S>(launcher, general, V, io, eg, out, state_scratch, table_scratch, lanes);
         return;
       }

@@ -174,6 +174,21 @@ template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
   return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
 }
+// Whether the second order's adjoint (Dual<float, 1>) takes the fixed-pool layout in groups of 16 lanes
+// (vjp_warp_kernel<Dual<float, 1>, Dual<float, 1>, 2, layout, 16>: 2 orders a lane, 2 voxels a warp), where
+// BLOCHSIM_CUDA_ADJOINT_LANES=16 asks for it: compiled for the layouts of up to seven planes (pools (1, 2),
+// (2, 2), (2, 3)). ptxas (sm_90), the warp / groups of 16: pools (2, 2) 214 / 255 registers, (2, 3) 233 /
+// 255 and 176 bytes spilled; both two blocks of 128 a multiprocessor, so twice the voxels resident, at 0.76
+// of the warp's instructions a voxel and event (benchmarks/sass_regions.py). An experiment, not the rule.
+template <class R>
+inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
+  return compiled_pools(pb) && 2 * pb.nt + pb.nl <= 7;
+}
+template <class N, class S, class R>
+inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
+  return lanes == 16 && std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value &&
+         second_order_pool_groups_compiled(pb);
+}
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
@@ -268,6 +283,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   const int plain_lanes = forced_adjoint_plain_lanes();
   const bool forced_groups = plain_group_adjoint<N, S>(pb, plain_lanes) ||
                              fixed_pool_group_adjoint<N, S>(pb, plain_lanes) ||
+                             fixed_pool_second_order_groups<N, S>(pb, plain_lanes) ||
                              (Num<N>::P == 1 && plain_general_adjoint<N, S>(pb, plain_lanes));
   if (plain_lanes > 0 && forced_groups) return plain_lanes;
   const int forced = forced_mapping();
