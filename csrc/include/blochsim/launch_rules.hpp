@@ -179,7 +179,12 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // BLOCHSIM_CUDA_ADJOINT_LANES=16 asks for it: compiled for the layouts of up to seven planes (pools (1, 2),
 // (2, 2), (2, 3)). ptxas (sm_90), the warp / groups of 16: pools (2, 2) 214 / 255 registers, (2, 3) 233 /
 // 255 and 176 bytes spilled; both two blocks of 128 a multiprocessor, so twice the voxels resident, at 0.76
-// of the warp's instructions a voxel and event (benchmarks/sass_regions.py). An experiment, not the rule.
+// of the warp's instructions a voxel and event (benchmarks/sass_regions.py). An experiment, not the rule:
+// H100, through the API, two rounds alternated, ms, warp / groups of 16 (benchmarks/results/mapping/
+// api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s22d-*.json): pooledb HVP (2, 2) 2k 5.72-5.93 / 5.22-5.35, 5k
+// 11.67-11.74 / 11.10-11.46, 20k 43.77-43.85 / 39.87-39.98 (peaks at 2k and 5k 73 and 87 MiB / 118 and 135);
+// pooled HVP (2, 3), whose groups spill, 2k 6.14-6.64 / 6.89-7.14, 5k 12.70-12.79 / 15.08-15.24, 20k
+// 47.70-47.99 / 54.22-54.66.
 template <class R>
 inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
   return compiled_pools(pb) && 2 * pb.nt + pb.nl <= 7;
