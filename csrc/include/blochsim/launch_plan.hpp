@@ -197,7 +197,7 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
       }
     }
     constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
-    if constexpr (second_order_groups && layout_planes(L) <= 7) {
+    if constexpr (second_order_groups && layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
       if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
         launcher.start(AdjointLanes<N, S, 2, L, 16>(), lanes_shape(V, 16), pb, V, io, eg, out, scratch,
                        table_scratch);

@@ -185,9 +185,10 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // 11.67-11.74 / 11.10-11.46, 20k 43.77-43.85 / 39.87-39.98 (peaks at 2k and 5k 73 and 87 MiB / 118 and 135);
 // pooled HVP (2, 3), whose groups spill, 2k 6.14-6.64 / 6.89-7.14, 5k 12.70-12.79 / 15.08-15.24, 20k
 // 47.70-47.99 / 54.22-54.66.
+constexpr int kSecondOrderPoolGroupPlanes = 7;  // (launch_plan.hpp launch_vjp_pools compiles them)
 template <class R>
 inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
-  return compiled_pools(pb) && 2 * pb.nt + pb.nl <= 7;
+  return compiled_pools(pb) && layout_planes(pools_layout(pb.nt, pb.nl)) <= kSecondOrderPoolGroupPlanes;
 }
 template <class N, class S, class R>
 inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
