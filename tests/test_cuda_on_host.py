@@ -138,6 +138,7 @@ from test_cuda import (  # noqa: E402  (the GPU suite's trains, tissues and case
     POOLS,
     assert_derivatives_close,
     decoded_events_gradients,
+    force_group,
     general_fold_gradients,
     tissue,
     train,
@@ -401,10 +402,8 @@ def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_
     samples and f0, padding groups kept from writing), and on a thread (registers), at checkpoint strides that cut
     the trains' stretches differently; the second order runs in groups in each (a thread's registers cannot
     hold its dual states)."""
-    if plain_mapping.startswith("plain"):  # groups of 16 or 32 lanes (2 orders or 1 a lane)
-        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", plain_mapping[len("plain"):])
-    elif plain_mapping != "auto":
-        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", plain_mapping)
+    if plain_mapping != "auto":  # ("plainN": groups of 16 or 32 lanes, 2 orders or 1 a lane)
+        force_group(monkeypatch, plain_mapping)
     host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
     assert_plain_close(emulated, host)
 
@@ -421,10 +420,8 @@ def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, tr
     """test_cuda.general_fold_gradients on the emulated card (the complex path's adjoints in groups and a warp
     a voxel stepping the folds of their decoded events; "plainN": the second order's in groups of N lanes of
     the plain layout), against the host, each derivative at its own scale (assert_plain_close's)."""
-    if general_mapping.startswith("plain"):
-        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", general_mapping[len("plain"):])
-    elif general_mapping != "auto":
-        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", general_mapping)
+    if general_mapping != "auto":
+        force_group(monkeypatch, general_mapping)
     (host, host_grads), (emulated, emulated_grads) = on_both(
         card, lambda: general_fold_gradients("cpu", train_name, b1, stride))
     assert rel_max_err(emulated, host) < 1e-5
