@@ -46,5 +46,8 @@ csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_a
 csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kFolds) return codes\[e\].back;/    if constexpr (kFolds) return 1;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/  if (c.record >= 0) turn = cis(-fetch<N>(pb.phase, e + c.sample_at));/  if (c.record >= 0) turn = cis(-fetch<N>(pb.phase, e));/|general_adjoint_decoded and map
+csrc/include/blochsim/launch_rules.hpp|s/  if (complex_second_order \&\& plain_general_adjoint<N, S>(pb, 16)) return 16;/;/|general_adjoint_folds and auto
+csrc/include/blochsim/launch_rules.hpp|/const bool second_order_groups = Num<N>::P == 1/ s/lanes == 8/lanes == 0/|general_adjoint_folds and plain8
+csrc/include/blochsim/launch_rules.hpp|s/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 32 : 1;/|pool_second_order_groups
 MUTATIONS
 exit $status

@@ -124,9 +124,10 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
 @pytest.mark.parametrize("states", (10, 32))
 def test_pool_second_order_groups_match_host(pools, states, monkeypatch):
     """The second order's adjoint with its pool counts compiled in groups of 16 lanes (2 orders a lane, two
-    voxels a warp; BLOCHSIM_CUDA_ADJOINT_LANES=16, launch_rules.hpp fixed_pool_second_order_groups), the
-    first-order and Jacobian passes as the rules choose: test_first_and_second_derivatives_match_host's
-    derivatives held to the host."""
+    voxels a warp; launch_rules.hpp fixed_pool_second_order_groups), forced (BLOCHSIM_CUDA_ADJOINT_LANES=16)
+    where the rule takes them (pools (1, 2), (2, 2)) and where it keeps the warp ((2, 3)), the first-order
+    and Jacobian passes as the rules choose: test_first_and_second_derivatives_match_host's derivatives held
+    to the host (its "warp" mapping runs the warp for every layout)."""
     monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "16")
     test_first_and_second_derivatives_match_host(pools, False, states, "auto")
 

@@ -83,19 +83,30 @@ def card_library(tmp_path_factory):
     lib = ctypes.CDLL(str(path))
     lib.bs_last_error.restype = ctypes.c_char_p
     lib.bs_epg_scratch_bytes.restype = ctypes.c_int64
+    lib.bs_epg_resident_voxels.restype = ctypes.c_int64
     return lib
+
+
+#: The blocks of any kernel the emulated card keeps resident (library.cpp HostGridLauncher kResidentBlocks).
+RESIDENT_BLOCKS = 16
 
 
 @pytest.fixture
 def card(card_library, monkeypatch):
     """`with card():` runs the engine's kernel calls on the emulated card, else on the host library; the block
-    fails where none of its calls reached the card (a result then held to itself)."""
-    host_call, on, calls = kernels._call, [False], [0]
+    fails where none of its calls reached the card (a result then held to itself). `card.voxels_a_block`
+    gathers, per pass, the voxels a block of the kernels its launches started (bs_epg_resident_voxels, asked
+    before each call): which mapping ran, since a forced one that fell back to another would match the host
+    as well."""
+    host_call, on, calls, voxels_a_block = kernels._call, [False], [0], {}
 
     def call(st, entry, args):
         if not (on[0] and entry in kernels._PASSES):
             return host_call(st, entry, args)
         calls[0] += 1
+        resident = card_library.bs_epg_resident_voxels(kernels._PASSES[entry], ctypes.byref(args))
+        assert resident > 0, card_library.bs_last_error().decode()
+        voxels_a_block.setdefault(entry, set()).add(int(resident) // RESIDENT_BLOCKS)
         need = card_library.bs_epg_scratch_bytes(kernels._PASSES[entry], ctypes.byref(args))
         assert need >= 0, card_library.bs_last_error().decode()
         scratch = torch.full((max(int(need), 1),), 0xFF, dtype=torch.uint8)
@@ -114,6 +125,7 @@ def card(card_library, monkeypatch):
             on[0] = False
         assert calls[0] > before, "no kernel call reached the emulated card"
 
+    running.voxels_a_block = voxels_a_block
     return running
 
 
@@ -192,13 +204,18 @@ def test_first_and_second_derivatives_match_host(pools, quadratic, states, mappi
     assert rel_max_err(emulated[6], host[6]) < 1e-4 and rel_max_err(emulated[7], host[7]) < 1e-3
 
 
-@pytest.mark.parametrize("pools", ("mt", "poolb", "poolb+mt"))
+@pytest.mark.parametrize(("pools", "forced"), (("mt", False), ("poolb", False), ("poolb+mt", False),
+                                               ("poolb+mt", True)))
 @pytest.mark.parametrize("states", (10, 32))
-def test_pool_second_order_groups_match_host(pools, states, card, monkeypatch):
+def test_pool_second_order_groups_match_host(pools, forced, states, card, monkeypatch):
     """test_first_and_second_derivatives_match_host with the second order's fixed-pool adjoint in groups of 16
-    lanes (BLOCHSIM_CUDA_ADJOINT_LANES=16: two voxels a warp, a padding group in the last block)."""
-    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "16")
+    lanes (two voxels a warp, a padding group in the last block): by rule for pools (1, 2) and (2, 2), forced
+    for (2, 3) (BLOCHSIM_CUDA_ADJOINT_LANES=16), whose rule keeps the warp (launch_rules.hpp adjoint_lanes)."""
+    if forced:
+        monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "16")
     test_first_and_second_derivatives_match_host(pools, False, states, "auto", card)
+    mapping = "warp" if pools == "poolb+mt" and not forced else "plain16"
+    assert card.voxels_a_block["bs_epg_vjp_jvp"] == {VOXELS_A_BLOCK[mapping]}, card.voxels_a_block
 
 
 @pytest.mark.parametrize("b1", ("map", "one value"))
@@ -213,8 +230,8 @@ def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
 
 
 #: The voxels a block of each mapping holds (launch_plan.hpp thread_shape, lanes_shape): a thread per voxel in
-#: blocks of 32 threads below 33,792 voxels, groups and warps in blocks of 128 threads.
-VOXELS_A_BLOCK = {"thread": 32, "warp": 4, "lanes4": 32, "lanes8": 16}
+#: blocks of 32 threads below 33,792 voxels, groups and warps in blocks of 128 threads ("plainN": N lanes).
+VOXELS_A_BLOCK = {"thread": 32, "warp": 4, "lanes4": 32, "lanes8": 16, "plain8": 16, "plain16": 8, "plain32": 4}
 
 
 def test_resident_voxels_are_asked_without_a_launch(card_library, mapping, monkeypatch):
@@ -246,9 +263,9 @@ def test_resident_voxels_are_asked_without_a_launch(card_library, mapping, monke
     signal = engine.simulate(d, t, states=32)
     torch.autograd.grad((signal.abs() ** 2).sum(), flips)
     assert set(answers) == set(kernels._PASSES)
-    assert all(v in {16 * n for n in VOXELS_A_BLOCK.values()} for v in answers.values()), answers
+    assert all(v in {RESIDENT_BLOCKS * n for n in VOXELS_A_BLOCK.values()} for v in answers.values()), answers
     if mapping != "auto":
-        assert answers["bs_epg_forward"] == 16 * VOXELS_A_BLOCK[mapping]
+        assert answers["bs_epg_forward"] == RESIDENT_BLOCKS * VOXELS_A_BLOCK[mapping]
     assert card_library.bs_epg_resident_voxels(9, None) == -1
     assert b"pass must be" in card_library.bs_last_error()
 
@@ -394,6 +411,19 @@ def assert_plain_close(got: dict, want: dict) -> None:
         assert float((got[key] - value).abs().max() / value.abs().max()) < tolerance, key
 
 
+def adjoint_blocks(first: str, second: str) -> dict:
+    """The voxels a block of the first- and second-order adjoints' launches under their mappings."""
+    return {"bs_epg_vjp": {VOXELS_A_BLOCK[first]}, "bs_epg_vjp_jvp": {VOXELS_A_BLOCK[second]}}
+
+
+#: The real plain adjoint's launches at 21 voxels (launch_rules.hpp adjoint_lanes): groups of 8 for both orders
+#: unforced; a forced thread's second order in groups of 4 (its dual states do not fit a thread's registers;
+#: the query cannot tell those groups from a thread: both hold 32 voxels a block).
+PLAIN_ADJOINT_BLOCKS = {"auto": adjoint_blocks("lanes8", "lanes8"), "lanes4": adjoint_blocks("lanes4", "lanes4"),
+                        "thread": adjoint_blocks("thread", "lanes4"), "plain16": adjoint_blocks("plain16", "plain16"),
+                        "plain32": adjoint_blocks("plain32", "plain32")}
+
+
 @pytest.mark.parametrize("plain_mapping", ("auto", "lanes4", "thread", "plain16", "plain32"))
 @pytest.mark.parametrize(("train_name", "b1", "stride"), PLAIN_CASES)
 def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_name, b1, stride):
@@ -406,12 +436,20 @@ def test_the_plain_adjoint_matches_host(card, monkeypatch, plain_mapping, train_
         force_group(monkeypatch, plain_mapping)
     host, emulated = on_both(card, lambda: plain_results(train_name, b1, stride))
     assert_plain_close(emulated, host)
+    launched = {entry: card.voxels_a_block[entry] for entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")}
+    assert launched == PLAIN_ADJOINT_BLOCKS[plain_mapping], launched
 
 
 #: FULL=1 runs every train with B1 a map and one value at more strides.
 GENERAL_CASES = ([(train_name, b1, stride) for train_name in ("carried", "mrf", "spgr")
                   for b1 in ("per_voxel", "shared") for stride in (1, 2, 3, 4, 7, 16)]
                  if FULL else GENERAL_FOLD_CASES)
+
+
+#: The complex path's launches (launch_rules.hpp adjoint_lanes): the first order in groups of 8 unless a warp is
+#: forced (BLOCHSIM_CUDA_ADJOINT_LANES leaves it be), the second in the plain layout's groups of 16 by rule.
+GENERAL_ADJOINT_BLOCKS = {"auto": adjoint_blocks("lanes8", "plain16"), "warp": adjoint_blocks("warp", "warp"),
+                          "plain8": adjoint_blocks("lanes8", "plain8"), "plain16": adjoint_blocks("lanes8", "plain16")}
 
 
 @pytest.mark.parametrize("general_mapping", ("auto", "warp", "plain8", "plain16"))
@@ -426,25 +464,18 @@ def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, tr
         card, lambda: general_fold_gradients("cpu", train_name, b1, stride))
     assert rel_max_err(emulated, host) < 1e-5
     assert_plain_close(emulated_grads, host_grads)
+    launched = {entry: card.voxels_a_block[entry] for entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")}
+    assert launched == GENERAL_ADJOINT_BLOCKS[general_mapping], launched
 
 
 @pytest.mark.parametrize(("pools", "states"), (("poolb+mt", 10), ("poolb+mt", 32), ("poolb", 32), ("mt", 20)))
-def test_the_fixed_pool_group_adjoint_matches_host(card, card_library, monkeypatch, pools, states):
+def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, states):
     """The real float adjoint with its pool counts compiled in groups of 8 lanes (BLOCHSIM_CUDA_ADJOINT_LANES=8:
     vjp_warp_kernel<float, float, 4, layout, 8>, 4 orders a lane, a warp carrying 4 voxels of 9, the last
     warp's padding groups writing nothing): gradients along the flips and every pool parameter, the saturation
     table's cotangent summed over each group (add_table) where a semisolid pool has one, and the pool tables'
     own cotangents summed over the group once."""
     monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "8")
-    card_library.bs_epg_resident_voxels.restype = ctypes.c_int64
-    inner, resident = kernels._call, set()
-
-    def call(st, entry, args):  # the adjoint's launch holds 16 voxels a block: groups of 8 lanes
-        if entry == "bs_epg_vjp":
-            resident.add(card_library.bs_epg_resident_voxels(kernels._PASSES[entry], ctypes.byref(args)))
-        return inner(st, entry, args)
-
-    monkeypatch.setattr(kernels, "_call", call)
 
     def run():
         flips, phases = train(n=DERIVATIVE_EVENTS)
@@ -464,7 +495,7 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, card_library, monkeypat
         return dict(zip(["flips", *leaves], grads, strict=True))
 
     host, emulated = on_both(card, run)
-    assert resident == {16 * VOXELS_A_BLOCK["lanes8"]}, resident
+    assert card.voxels_a_block["bs_epg_vjp"] == {VOXELS_A_BLOCK["plain8"]}, card.voxels_a_block
     assert sum(bool(g.abs().amax() > 0) for g in host.values() if g is not None) >= 5, host
     for name, want in host.items():
         got = emulated[name]

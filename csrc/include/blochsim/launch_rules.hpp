@@ -177,18 +177,21 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // Whether the second order's adjoint (Dual<float, 1>) takes the fixed-pool layout in groups of 16 lanes
 // (vjp_warp_kernel<Dual<float, 1>, Dual<float, 1>, 2, layout, 16>: 2 orders a lane, 2 voxels a warp), where
 // BLOCHSIM_CUDA_ADJOINT_LANES=16 asks for it: compiled for the layouts of up to seven planes (pools (1, 2),
-// (2, 2), (2, 3)). ptxas (sm_90), the warp / groups of 16: pools (2, 2) 214 / 255 registers, (2, 3) 233 /
-// 255 and 176 bytes spilled; both two blocks of 128 a multiprocessor, so twice the voxels resident, at 0.76
-// of the warp's instructions a voxel and event (benchmarks/sass_regions.py). An experiment, not the rule:
-// H100, through the API, two rounds alternated, ms, warp / groups of 16 (benchmarks/results/mapping/
-// api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s22d-*.json): pooledb HVP (2, 2) 2k 5.72-5.93 / 5.22-5.35, 5k
-// 11.67-11.74 / 11.10-11.46, 20k 43.77-43.85 / 39.87-39.98 (peaks at 2k and 5k 73 and 87 MiB / 118 and 135);
-// pooled HVP (2, 3), whose groups spill, 2k 6.14-6.64 / 6.89-7.14, 5k 12.70-12.79 / 15.08-15.24, 20k
-// 47.70-47.99 / 54.22-54.66.
+// (2, 2), (2, 3)). ptxas (sm_90), the warp / groups of 16: pools (1, 2) 168 / 238 registers, (2, 2) 214 /
+// 255, (2, 3) 233 / 255 and 176 bytes spilled; the groups two blocks of 128 a multiprocessor (8 voxels a
+// block where the warp holds 4), at 0.76 of the warp's instructions a voxel and event
+// (benchmarks/sass_regions.py). H100, through the API, two rounds alternated, ms, warp / groups of 16
+// (benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s22d-*.json): pooledb HVP (2, 2) 2k
+// 5.72-5.93 / 5.22-5.35, 5k 11.67-11.74 / 11.10-11.46, 20k 43.77-43.85 / 39.87-39.98 (peaks at 2k and 5k 73
+// and 87 MiB / 118 and 135); pooled HVP (2, 3), whose groups spill, 2k 6.14-6.64 / 6.89-7.14, 5k 12.70-12.79
+// / 15.08-15.24, 20k 47.70-47.99 / 54.22-54.66. So the rule (adjoint_lanes) takes them where they do not
+// spill, up to kSecondOrderPoolGroupRulePlanes planes, and BLOCHSIM_CUDA_ADJOINT_LANES=16 forces them for
+// (2, 3) as well (BLOCHSIM_CUDA_MAPPING=warp forces the warp).
 constexpr int kSecondOrderPoolGroupPlanes = 7;  // (launch_plan.hpp launch_vjp_pools compiles them)
+constexpr int kSecondOrderPoolGroupRulePlanes = 6;  // pools (1, 2) and (2, 2)
 template <class R>
-inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
-  return compiled_pools(pb) && layout_planes(pools_layout(pb.nt, pb.nl)) <= kSecondOrderPoolGroupPlanes;
+inline bool second_order_pool_groups_compiled(const Problem<R>& pb, int planes = kSecondOrderPoolGroupPlanes) {
+  return compiled_pools(pb) && layout_planes(pools_layout(pb.nt, pb.nl)) <= planes;
 }
 template <class N, class S, class R>
 inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
@@ -299,6 +302,9 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (register_adjoint<N, S>(pb)) return V <= kPlainGroupVoxels ? 8 : V <= kPlainGroupOf4Voxels ? 4 : 1;
   if (plain_group_adjoint<N, S>(pb, 4)) return V <= kPlainSecondOrderOf8Voxels ? 8 : 4;
   if (complex_second_order && plain_general_adjoint<N, S>(pb, 16)) return 16;
+  const bool pool_groups = fixed_pool_second_order_groups<N, S>(pb, 16) &&
+                           second_order_pool_groups_compiled(pb, kSecondOrderPoolGroupRulePlanes);
+  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;  // where the warp ran (the thread past its crossing)
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
