@@ -49,5 +49,7 @@ csrc/include/blochsim/event_loop.hpp|s/  if (c.record >= 0) turn = cis(-fetch<N>
 csrc/include/blochsim/launch_rules.hpp|s/  if (complex_second_order \&\& plain_general_adjoint<N, S>(pb, 16)) return 16;/;/|general_adjoint_folds and auto
 csrc/include/blochsim/launch_rules.hpp|/const bool second_order_groups = Num<N>::P == 1/ s/lanes == 8/lanes == 0/|general_adjoint_folds and plain8
 csrc/include/blochsim/launch_rules.hpp|s/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 32 : 1;/|pool_second_order_groups
+csrc/include/blochsim/number.hpp|/operator\*(const Cx<Dual<R, P>>& a, const Cx<R>& b)/,/^}/ s/a.re \* b.im + a.im \* b.re/a.re * b.im - a.im * b.re/|first_and_second and auto
+csrc/include/blochsim/epg.hpp|s/return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));/return Cx<N>(N(ev.value_turn->re), -N(ev.value_turn->im));/|first_and_second and auto
 MUTATIONS
 exit $status

@@ -844,10 +844,26 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const TableGrad<N> tg =
       tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
-  // The walks read the events as the launch decoded them (launch_rules.hpp decoded_general_events).
-  vjp_voxel<N, S, launch_event_source<N, R>()>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg,
-                                             WarpShift{lane, K, LANES}, WarpShiftAdjoint{lane, K, LANES},
-                                             int64_t(lane) * KPL);
+  // The walks read the events as the launch decoded them (launch_rules.hpp decoded_general_events); the
+  // second order their values too where no tangent reaches them (values_decodable: one test a launch, each
+  // source its own copy of the walks, where one choosing per event cost registers).
+  const WarpShift shift{lane, K, LANES};
+  const WarpShiftAdjoint shift_adjoint{lane, K, LANES};
+  constexpr EventSource source = launch_event_source<N, R>();
+  if constexpr (source == kFoldedEvents) {
+    if (values_decodable(pb)) {  // (so no pulse is played per voxel: the walks compiled without those rows)
+      Problem<R> uniform = pb;
+      uniform.field_row = uniform.profile_row = uniform.spinor_row = nullptr;
+      vjp_voxel<N, S, kDecodedValues>(uniform, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
+                                      int64_t(lane) * KPL);
+    } else {
+      vjp_voxel<N, S, source>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
+                              int64_t(lane) * KPL);
+    }
+  } else {
+    vjp_voxel<N, S, source>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
+                            int64_t(lane) * KPL);
+  }
   const bool writer = lane == 0 && active;
   write_group_tissue_gradients<LANES>(g, t, out, v, writer);
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);

@@ -185,9 +185,12 @@ BS_HD Lobes interval_lobes(const Problem<R>& pb, int64_t rep, int64_t e) {
 // Event values of event e of repetition rep (global event i = rep * E + e). `rotation` and `turn`, where
 // set, hold what every voxel would compute alike: the RF rotation (B1 uniform over the voxels) and the ADC's
 // demodulation cis(-phase) (the device's block-decoded events, epg_device.cuh); null: each voxel computes
-// its own.
+// its own. A dual N's `value_rotation` and `value_turn`, where set, are those of the values alone: no tangent
+// reaches the pulse or the sample (the second order along tissue properties: event_loop.hpp kDecodedValues),
+// so the states are turned by real coefficients.
 template <class N>
 struct EventValues {
+  using Real = typename Num<N>::Real;
   int32_t action, record;
   bool last_rep, wrap;
   Lobes lobes;  // of the interval ahead of the event; read only where diffusion or flow acts
@@ -196,11 +199,14 @@ struct EventValues {
   N dt, flip, phase;
   const Rotation<N>* rotation = nullptr;
   const Cx<N>* turn = nullptr;
+  const Rotation<Real>* value_rotation = nullptr;
+  const Cx<Real>* value_turn = nullptr;
 };
 // A sample's demodulation: `turn` where it is set (a fold's sample's, whose phase is not its head's), else
 // cis(-phase).
 template <class N>
 BS_HD Cx<N> demodulation(const EventValues<N>& ev) {
+  if (ev.value_turn) return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));
   return ev.turn ? *ev.turn : cis(-ev.phase);
 }
 
@@ -604,8 +610,9 @@ BS_HD Rotation<N> make_rotation(const N& alpha, const N& phi, bool complex_path)
   return r;
 }
 
-template <class N>
-BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<N>& r) {
+// (Q: N, or N's real type where the rotation carries no tangent: EventValues::value_rotation.)
+template <class N, class Q>
+BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<Q>& r) {
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const Cx<N> P = x.p[k], M = x.m[k], Z = x.z[k];
@@ -619,8 +626,8 @@ BS_HD void rotate(Planes<Cx<N>> x, int64_t K, const Rotation<N>& r) {
 // orders give the nine sums S_ij = sum_k conj(lambda'_i) x_j once and the two D meet them once a pulse:
 // Re sum_ij D_ij S_ij. D's diagonal is real (zero for phi), so S_ii is needed in its real part only. An
 // order then costs 30 multiply-adds for both gradients, where forming D x per order took about 200.
-template <class N>
-BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rotation<N>& r, N& g_alpha,
+template <class N, class Q>
+BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rotation<Q>& r, N& g_alpha,
                           N& g_phi) {
   using R = typename Num<N>::Real;
   N sPP = N(0), sMM = N(0), sZZ = N(0);
@@ -645,8 +652,8 @@ BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rot
   }
   // dR/d alpha = [[-hs, e2 hs, -i e1 ca], [e2* hs, -hs, i e1* ca], [-i e1* ca/2, i e1 ca/2, -sa]] (hs = sa/2);
   // dR/d phi = [[0, 2i e2 s2, e1 sa], [-2i e2* s2, 0, e1* sa], [-e1* hs, -e1 hs, 0]].
-  const N half_ca = r.ca * R(0.5), two_s2 = r.s2 * R(2);
-  const Cx<N> e1 = r.e1, e2 = r.e2;
+  const Q half_ca = r.ca * R(0.5), two_s2 = r.s2 * R(2);
+  const Cx<Q> e1 = r.e1, e2 = r.e2;
   g_alpha += -(r.half_sa * (sPP + sMM)) - r.sa * sZZ +
              re((e2 * r.half_sa) * sPM + conj(e2) * r.half_sa * sMP) +
              re(mul_i(conj(e1) * r.ca * sMZ - e1 * r.ca * sPZ) + mul_i(e1 * half_ca * sZM - conj(e1) * half_ca * sZP));
@@ -656,8 +663,8 @@ BS_HD void rotate_adjoint(Planes<Cx<N>> l, Planes<Cx<N>> x, int64_t K, const Rot
 
 // Real path: f, g, z with F+ = -i f, F- = i g in the frame of the common pulse axis. With c2 = 1 - s2,
 // f' = c2 f - s2 g + sa z = f + w and g' = g + w, w = sa z - s2 (f + g): 7 operations per order, not 9.
-template <class N>
-BS_HD void rotate(Planes<N> x, int64_t K, const Rotation<N>& r) {
+template <class N, class Q>
+BS_HD void rotate(Planes<N> x, int64_t K, const Rotation<Q>& r) {
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const N f = x.p[k], g = x.m[k], z = x.z[k];
@@ -817,10 +824,10 @@ BS_HD N relax_rotate_f0(Planes<N> in, int64_t K, const RelaxRotate<N>& q) {
   const N F = A ? g1 : in.p[0], G = A ? g1 : in.m[0];
   return q.E2 * F + (q.a * in.z[0] - q.b * (F + G)) + q.a0;
 }
-template <class N>
-BS_HD void rotate_adjoint(Planes<N> l, Planes<N> x, int64_t K, const Rotation<N>& r, N& g_alpha, N&) {
+template <class N, class Q>
+BS_HD void rotate_adjoint(Planes<N> l, Planes<N> x, int64_t K, const Rotation<Q>& r, N& g_alpha, N&) {
   using R = typename Num<N>::Real;
-  const N half_ca = r.ca * R(0.5);
+  const Q half_ca = r.ca * R(0.5);
   BS_UNROLL
   for (int64_t k = 0; k < K; ++k) {
     const N f = x.p[k], g = x.m[k], z = x.z[k];

@@ -203,6 +203,8 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const N alpha = ev.flip * tx.b1;
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor(pb, v, t.position, ev.e, alpha, ev.phase + tx.b1phase, x, K);
+    } else if (ev.value_rotation && tx.field < 0) {  // (no tangent reaches the pulse: real coefficients)
+      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, *ev.value_rotation);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation
                                                           : make_rotation(alpha, ev.phase + tx.b1phase, complex_path);
@@ -569,6 +571,9 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     }
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
+    } else if (ev.value_rotation && tx.field < 0) {
+      for (int p = 0; p < l.nt; ++p)
+        rotate_adjoint(l.water(p), tmp.water(p), K, *ev.value_rotation, g_alpha, g_phi);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation : make_rotation(alpha, phi, complex_path);
       for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
@@ -676,8 +681,9 @@ struct alignas(16) EventCode {
 // Where the general adjoint's walks (vjp_voxel) read their events: each its own (load_event: the host), or
 // from the EventCode entries a launch decoded (the CUDA library's group and warp kernels), the values and
 // folds (kDecodedEvents: the first order, whose entries hold its numbers, the problem's reals R) or the folds
-// alone, the values each voxel's own with their tangents (kFoldedEvents: the second order).
-enum EventSource { kOwnEvents, kFoldedEvents, kDecodedEvents };
+// alone, the values each voxel's own with their tangents (kFoldedEvents: the second order), or at the second
+// order the values and folds where no tangent reaches an event (kDecodedValues: values_decodable).
+enum EventSource { kOwnEvents, kFoldedEvents, kDecodedEvents, kDecodedValues };
 template <class N, class R>
 constexpr EventSource launch_event_source() {
   if constexpr (Num<N>::P == 0 && std::is_same<N, R>::value) return kDecodedEvents;
@@ -688,6 +694,23 @@ constexpr EventSource launch_event_source() {
 template <class N, class R>
 constexpr bool reads_event_codes() {
   return launch_event_source<N, R>() != kOwnEvents;
+}
+// Whether no tangent reaches an event's values or its pulse (the intervals, the flips and phases, B1 and its
+// phase), as in a Hessian-vector product of a Jacobian along tissue properties.
+template <class R>
+BS_HD bool events_without_tangents(const Problem<R>& pb) {
+  return !pb.dt.tan && !pb.dt_wrap.tan && !pb.flip.tan && !pb.phase.tan && !pb.tissue[BS_B1].tan &&
+         !pb.tissue[BS_B1_PHASE_RAD].tan;
+}
+// Whether the second order's general walks may read the decoded values (kDecodedValues): no tangent reaches
+// the events and the pulses are uniform over the voxels. Its pulses then turn the dual states by real
+// coefficients (EventValues::value_rotation): in the complex second order's groups of 16 the walks'
+// rotations formed per voxel (sines and cosines of dual angles in each of the three walks), their dual
+// products and the events' loads were about a third of a step's instructions (benchmarks/sass_regions.py,
+// sm_90).
+template <class R>
+BS_HD bool values_decodable(const Problem<R>& pb) {
+  return events_without_tangents(pb) && uniform_pulse(pb);
 }
 template <class R>
 BS_HD int64_t event_code_bytes(const Problem<R>& pb) {
@@ -727,8 +750,13 @@ BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* cod
   ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);
   ev.flip = N(c.flip);
   ev.phase = N(c.phase);
-  ev.rotation = uniform ? &c.rotation : nullptr;
-  ev.turn = &c.turn;
+  if constexpr (Num<N>::P == 0) {
+    ev.rotation = uniform ? &c.rotation : nullptr;
+    ev.turn = &c.turn;
+  } else {  // (kDecodedValues: the values carry no tangent)
+    ev.value_rotation = uniform ? &c.rotation : nullptr;
+    ev.value_turn = &c.turn;
+  }
   ev.sample_at = c.sample_at;
   if (pb.diffusion || pb.flow) ev.lobes = interval_lobes(pb, rep, e);
   return ev;
@@ -854,10 +882,11 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
   [[maybe_unused]] const EventCode<R>* codes = static_cast<const EventCode<R>*>(pb.event_codes);
   constexpr bool kFolds = kSource != kOwnEvents;
-  [[maybe_unused]] const bool uniform = kSource == kDecodedEvents && uniform_pulse(pb);  // (for every voxel)
+  // (for every voxel; kDecodedValues: values_decodable holds it)
+  [[maybe_unused]] const bool uniform = kSource == kDecodedValues || (kSource == kDecodedEvents && uniform_pulse(pb));
   [[maybe_unused]] Cx<N> sample_turn;  // (kFoldedEvents: folded_event)
   auto event = [&](int64_t rep, int64_t e) {
-    if constexpr (kSource == kDecodedEvents) {
+    if constexpr (kSource == kDecodedEvents || kSource == kDecodedValues) {
       return decoded_event<N>(pb, codes, rep, e, uniform);
     } else if constexpr (kSource == kFoldedEvents) {
       return folded_event<N>(pb, codes, rep, e, sample_turn);

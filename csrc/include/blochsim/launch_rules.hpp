@@ -365,13 +365,8 @@ inline int64_t vjp_state_bytes(const Problem<R>& pb, int64_t V, bool warp_kernel
 // Whether an adjoint launch reads the events as the launch decoded them (event_loop.hpp PlainCode): the
 // real plain scheme in groups of 4 or 8 (plain_group_adjoint) or on the register thread (register_adjoint),
 // its pulses uniform over the voxels, in the library with the warp kernels; the second order in groups where
-// no event value carries a tangent (a Jacobian along the tissue: the entries, real numbers, are its events'
-// values).
-template <class R>
-inline bool events_without_tangents(const Problem<R>& pb) {
-  return !pb.dt.tan && !pb.dt_wrap.tan && !pb.flip.tan && !pb.phase.tan && !pb.tissue[BS_B1].tan &&
-         !pb.tissue[BS_B1_PHASE_RAD].tan;
-}
+// no event value carries a tangent (event_loop.hpp events_without_tangents: the entries, real numbers, are
+// its events' values).
 template <class N, class S, class R>
 inline bool decoded_plain_events(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if constexpr (std::is_same<S, N>::value && Num<N>::P <= 1) {

@@ -214,6 +214,25 @@ template <class N>
 BS_HD Cx<N> operator*(const N& a, const Cx<N>& b) {
   return Cx<N>(a * b.re, a * b.im);
 }
+// A dual complex number times a real one's complex or real value (the second order's states by a pulse's
+// rotation where no tangent reaches it: event_loop.hpp kDecodedValues): two products a part, where a dual
+// factor takes three.
+template <class R, int P>
+BS_HD Cx<Dual<R, P>> operator*(const Cx<Dual<R, P>>& a, const Cx<R>& b) {
+  return Cx<Dual<R, P>>(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re);
+}
+template <class R, int P>
+BS_HD Cx<Dual<R, P>> operator*(const Cx<R>& a, const Cx<Dual<R, P>>& b) {
+  return b * a;
+}
+template <class R, int P>
+BS_HD Cx<Dual<R, P>> operator*(const Cx<Dual<R, P>>& a, R b) {
+  return Cx<Dual<R, P>>(a.re * b, a.im * b);
+}
+template <class R, int P>
+BS_HD Cx<Dual<R, P>> operator*(R a, const Cx<Dual<R, P>>& b) {
+  return b * a;
+}
 template <class N>
 BS_HD Cx<N>& operator+=(Cx<N>& a, const Cx<N>& b) {
   a = a + b;
