@@ -185,12 +185,20 @@ BS_HD Lobes interval_lobes(const Problem<R>& pb, int64_t rep, int64_t e) {
 // Event values of event e of repetition rep (global event i = rep * E + e). `rotation` and `turn`, where
 // set, hold what every voxel would compute alike: the RF rotation (B1 uniform over the voxels) and the ADC's
 // demodulation cis(-phase) (the device's block-decoded events, epg_device.cuh); null: each voxel computes
-// its own. A dual N's `value_rotation` and `value_turn`, where set, are those of the values alone: no tangent
-// reaches the pulse or the sample (the second order along tissue properties: event_loop.hpp kDecodedValues),
-// so the states are turned by real coefficients.
+// its own. kValues (a dual N): `value_rotation` and `value_turn`, where set, are those of the values alone, no
+// tangent reaching the pulse or the sample (the second order along tissue properties: event_loop.hpp
+// kDecodedValues), so the states are turned by real coefficients. Without kValues the struct is as it was
+// (an empty base): the value forwards' and JVPs' block-decoded events hold it in shared memory, and 16 bytes
+// more there put a JVP's states on the stack (ptxas, sm_90: 4,624 bytes for the real groups of 8 at Dual<2>).
+template <class N, bool kValues>
+struct ValuePulse {};
 template <class N>
-struct EventValues {
-  using Real = typename Num<N>::Real;
+struct ValuePulse<N, true> {
+  const Rotation<typename Num<N>::Real>* value_rotation = nullptr;
+  const Cx<typename Num<N>::Real>* value_turn = nullptr;
+};
+template <class N, bool kValues = false>
+struct EventValues : ValuePulse<N, kValues> {
   int32_t action, record;
   bool last_rep, wrap;
   Lobes lobes;  // of the interval ahead of the event; read only where diffusion or flow acts
@@ -199,14 +207,14 @@ struct EventValues {
   N dt, flip, phase;
   const Rotation<N>* rotation = nullptr;
   const Cx<N>* turn = nullptr;
-  const Rotation<Real>* value_rotation = nullptr;
-  const Cx<Real>* value_turn = nullptr;
 };
 // A sample's demodulation: `turn` where it is set (a fold's sample's, whose phase is not its head's), else
 // cis(-phase).
-template <class N>
-BS_HD Cx<N> demodulation(const EventValues<N>& ev) {
-  if (ev.value_turn) return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));
+template <class N, bool kValues>
+BS_HD Cx<N> demodulation(const EventValues<N, kValues>& ev) {
+  if constexpr (kValues) {
+    if (ev.value_turn) return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));
+  }
   return ev.turn ? *ev.turn : cis(-ev.phase);
 }
 
@@ -364,8 +372,8 @@ BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const N
   return c;
 }
 // The interval ahead of event `ev`, with its lobes.
-template <class N, class R>
-BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N>& ev) {
+template <class N, class R, bool kValues>
+BS_HD Interval<N> make_interval(const Problem<R>& pb, const Voxel<N>& t, const EventValues<N, kValues>& ev) {
   Interval<N> c = make_interval(pb, t, ev.dt, pb.offres);
   c.lobes = ev.lobes;
   return c;

@@ -71,8 +71,8 @@ struct EventGrad {
 };
 
 // Interval row of event (global index i): its own, or the wrap interval on later repetitions.
-template <class N, class R>
-BS_HD int64_t interval_row(const Problem<R>& pb, const EventValues<N>& ev) {
+template <class N, class R, bool kValues>
+BS_HD int64_t interval_row(const Problem<R>& pb, const EventValues<N, kValues>& ev) {
   return ev.wrap ? pb.wrap_interval : pb.interval[ev.e];
 }
 
@@ -160,21 +160,28 @@ struct KeptPoolsF0 {
   Ref<S> at;
   bool signal;
 };
+// The pulse's rotation of the values alone (EventValues kValues: no tangent reaches it), where the event's
+// pulse is the tissue's B1 (no field row); null otherwise.
+template <class N, bool kValues>
+BS_HD const Rotation<typename Num<N>::Real>* value_pulse(const EventValues<N, kValues>& ev, const Transmit<N>& tx) {
+  if constexpr (kValues) return tx.field < 0 ? ev.value_rotation : nullptr;
+  return nullptr;
+}
 // A sample of the state x (after the event's pulse) to the caller's signal, or to the replay's KeptPoolsF0.
-template <class N, class S>
-BS_HD void write_sample(const SampleIO<N>* io, const EventValues<N>& ev, const Voxel<N>& t, State<S> x) {
+template <class N, class S, bool kValues>
+BS_HD void write_sample(const SampleIO<N>* io, const EventValues<N, kValues>& ev, const Voxel<N>& t, State<S> x) {
   Cx<N> sum;
   for (int p = 0; p < x.nt; ++p) sum += transverse(x.fp(p)[0]);
   io->put(ev.record, sum * demodulation(ev) * t.m0);
 }
-template <class N, class S>
-BS_HD void write_sample(const KeptPoolsF0<S>* io, const EventValues<N>&, const Voxel<N>&, State<S> x) {
+template <class N, class S, bool kValues>
+BS_HD void write_sample(const KeptPoolsF0<S>* io, const EventValues<N, kValues>&, const Voxel<N>&, State<S> x) {
   for (int p = 0; p < x.nt; ++p) io->at[p] = x.fp(p)[0];
 }
 
-template <class N, class S, class R, class Shift = LocalShift, class IO = SampleIO<N>>
-BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev, State<S> x,
-                        const IO* io, const Shift& shift = Shift(), const State<S>* keep = nullptr,
+template <class N, class S, class R, bool kValues, class Shift = LocalShift, class IO = SampleIO<N>>
+BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N, kValues>& ev,
+                        State<S> x, const IO* io, const Shift& shift = Shift(), const State<S>* keep = nullptr,
                         Deferral* defer = nullptr) {
   constexpr bool complex_path = !std::is_same<S, N>::value;
   const int64_t K = x.K;  // orders held here: pb.K, or a lane's share
@@ -203,8 +210,8 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const N alpha = ev.flip * tx.b1;
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor(pb, v, t.position, ev.e, alpha, ev.phase + tx.b1phase, x, K);
-    } else if (ev.value_rotation && tx.field < 0) {  // (no tangent reaches the pulse: real coefficients)
-      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, *ev.value_rotation);
+    } else if (value_pulse(ev, tx)) {  // (no tangent reaches the pulse: real coefficients)
+      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, *value_pulse(ev, tx));
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation
                                                           : make_rotation(alpha, ev.phase + tx.b1phase, complex_path);
@@ -501,8 +508,8 @@ BS_HD void step_adjoint_plain(const PlainEvent<N>& pe, const EventValues<N>& ev,
 // read (samples_kept: the replay keeps them, KeptPoolsF0, where step_forward forms the sample: after the
 // pulse of a decoded fold, fold_at). An event that only samples (an MRF repetition's readout, unfolded) or
 // only crushes, shifts or spoils (acting on lambda alone: an MRF train's crusher) reads no state.
-template <class N>
-BS_HD bool samples_kept(const EventValues<N>& ev) {
+template <class N, bool kValues>
+BS_HD bool samples_kept(const EventValues<N, kValues>& ev) {
   return ev.record >= 0 && ev.last_rep;
 }
 
@@ -511,8 +518,9 @@ BS_HD bool samples_kept(const EventValues<N>& ev) {
 // kept: the tables' products of its interval (tabulated layouts: step_forward's `keep`); tmp: scratch;
 // l: lambda, updated in place.
 // A warp lane holds orders k0 .. k0 + K - 1 of each state (K = l.K) and adds its share of every gradient.
-template <class N, class S, class R, class EG, class Shift = LocalShift, class ShiftAdjoint = LocalShiftAdjoint>
-BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N>& ev,
+template <class N, class S, class R, bool kValues, class EG, class Shift = LocalShift,
+          class ShiftAdjoint = LocalShiftAdjoint>
+BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, const EventValues<N, kValues>& ev,
                         State<S> x_pre, State<S> kept, Ref<S> sampled, State<S> tmp, State<S> l,
                         const SampleIO<N>& io, VoxelGrad<N>& g, const EG& eg, TableGrad<N> tg,
                         const Shift& shift = Shift(), const ShiftAdjoint& shift_adjoint = ShiftAdjoint()) {
@@ -571,9 +579,8 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     }
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
-    } else if (ev.value_rotation && tx.field < 0) {
-      for (int p = 0; p < l.nt; ++p)
-        rotate_adjoint(l.water(p), tmp.water(p), K, *ev.value_rotation, g_alpha, g_phi);
+    } else if (value_pulse(ev, tx)) {
+      for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, *value_pulse(ev, tx), g_alpha, g_phi);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation : make_rotation(alpha, phi, complex_path);
       for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
@@ -738,10 +745,10 @@ BS_HD EventCode<R> event_code(const Problem<R>& pb, int64_t e, bool complex_path
 // Event e of repetition rep from the decoded entries: load_event's values, with the demodulation and (uniform:
 // the pulses are, uniform_pulse) the rotation that step_forward and step_adjoint read in place of their own.
 template <class N, class R>
-BS_HD EventValues<N> decoded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep, int64_t e,
-                                   bool uniform) {
+BS_HD EventValues<N, (Num<N>::P > 0)> decoded_event(const Problem<R>& pb, const EventCode<R>* codes, int64_t rep,
+                                                    int64_t e, bool uniform) {
   const EventCode<R>& c = codes[e];
-  EventValues<N> ev;
+  EventValues<N, (Num<N>::P > 0)> ev;
   ev.e = e;
   ev.action = c.action;
   ev.record = c.record;
@@ -913,7 +920,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   // i % stride another 64-bit division, each about 70 instructions on the card, per event and walk.
   for (int64_t i = 0, rep = 0, e = 0, c = 0, due = 0; i < n;) {
     for (; due <= i; due += stride) copy_state(checkpoint(c++), x);
-    const EventValues<N> ev = event(rep, e);
+    const auto ev = event(rep, e);
     const int64_t steps = span(e);
     i += steps;
     if ((e += steps) == pb.E) {
@@ -941,7 +948,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
     // values handed to step_adjoint by reference, put a group's register states on the stack).
     int32_t slot = 0, sampled = 0;
     for (int64_t i = i0; i < i1;) {
-      const EventValues<N> ev = event(rep, e);
+      const auto ev = event(rep, e);
       const int64_t steps = span(e);
       i += steps;
       if ((e += steps) == pb.E) {
@@ -966,7 +973,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
         e += pb.E;
         --rep;
       }
-      const EventValues<N> ev = event(rep, e);
+      const auto ev = event(rep, e);
       if (passes_over_states(ev.action)) --slot;  // (elsewhere the slot named is not read)
       if (samples_kept(ev)) --sampled;
       step_adjoint(pb, v, t, ev, replay(slot), kept(slot), samples + int64_t(sampled) * pb.nt, tmp, l, io, g, eg, tg,
