@@ -185,11 +185,14 @@ BS_HD Lobes interval_lobes(const Problem<R>& pb, int64_t rep, int64_t e) {
 // Event values of event e of repetition rep (global event i = rep * E + e). `rotation` and `turn`, where
 // set, hold what every voxel would compute alike: the RF rotation (B1 uniform over the voxels) and the ADC's
 // demodulation cis(-phase) (the device's block-decoded events, epg_device.cuh); null: each voxel computes
-// its own. kValues (a dual N): `value_rotation` and `value_turn`, where set, are those of the values alone, no
-// tangent reaching the pulse or the sample (the second order along tissue properties: event_loop.hpp
-// kDecodedValues), so the states are turned by real coefficients. Without kValues the struct is as it was
-// (an empty base): the value forwards' and JVPs' block-decoded events hold it in shared memory, and 16 bytes
-// more there put a JVP's states on the stack (ptxas, sm_90: 4,624 bytes for the real groups of 8 at Dual<2>).
+// its own. kValues (a dual N): `value_rotation` and `value_turn` are those of the values alone, no tangent
+// reaching the pulse or the sample (the second order along tissue properties, its pulses uniform over the
+// voxels and none played per voxel: event_loop.hpp kDecodedValues), so the states are turned by real
+// coefficients; step_forward and step_adjoint read them by kValues alone (a test at run time beside the
+// others moved ptxas's registers in kernels that never set them: the (1, 2) pools' value forward 136 -> 157).
+// Without kValues the struct is as it was (an empty base): the value forwards' and JVPs' block-decoded events
+// hold it in shared memory, and 16 bytes more there put a JVP's states on the stack (ptxas, sm_90: 4,624
+// bytes for the real groups of 8 at Dual<2>).
 template <class N, bool kValues>
 struct ValuePulse {};
 template <class N>

@@ -160,13 +160,6 @@ struct KeptPoolsF0 {
   Ref<S> at;
   bool signal;
 };
-// The pulse's rotation of the values alone (EventValues kValues: no tangent reaches it), where the event's
-// pulse is the tissue's B1 (no field row); null otherwise.
-template <class N, bool kValues>
-BS_HD const Rotation<typename Num<N>::Real>* value_pulse(const EventValues<N, kValues>& ev, const Transmit<N>& tx) {
-  if constexpr (kValues) return tx.field < 0 ? ev.value_rotation : nullptr;
-  return nullptr;
-}
 // A sample of the state x (after the event's pulse) to the caller's signal, or to the replay's KeptPoolsF0.
 template <class N, class S, bool kValues>
 BS_HD void write_sample(const SampleIO<N>* io, const EventValues<N, kValues>& ev, const Voxel<N>& t, State<S> x) {
@@ -210,8 +203,8 @@ BS_HD void step_forward(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     const N alpha = ev.flip * tx.b1;
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor(pb, v, t.position, ev.e, alpha, ev.phase + tx.b1phase, x, K);
-    } else if (value_pulse(ev, tx)) {  // (no tangent reaches the pulse: real coefficients)
-      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, *value_pulse(ev, tx));
+    } else if constexpr (kValues) {  // (no tangent reaches the pulse: real coefficients)
+      for (int p = 0; p < x.nt; ++p) rotate(x.water(p), K, *ev.value_rotation);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation
                                                           : make_rotation(alpha, ev.phase + tx.b1phase, complex_path);
@@ -579,8 +572,8 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     }
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);
-    } else if (value_pulse(ev, tx)) {
-      for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, *value_pulse(ev, tx), g_alpha, g_phi);
+    } else if constexpr (kValues) {
+      for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, *ev.value_rotation, g_alpha, g_phi);
     } else {
       const Rotation<N> rot = ev.rotation && tx.field < 0 ? *ev.rotation : make_rotation(alpha, phi, complex_path);
       for (int p = 0; p < l.nt; ++p) rotate_adjoint(l.water(p), tmp.water(p), K, rot, g_alpha, g_phi);
