@@ -186,7 +186,9 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // and 87 MiB / 118 and 135); pooled HVP (2, 3), whose groups spill, 2k 6.14-6.64 / 6.89-7.14, 5k 12.70-12.79
 // / 15.08-15.24, 20k 47.70-47.99 / 54.22-54.66. So the rule (adjoint_lanes) takes them where they do not
 // spill, up to kSecondOrderPoolGroupRulePlanes planes, and BLOCHSIM_CUDA_ADJOINT_LANES=16 forces them for
-// (2, 3) as well (BLOCHSIM_CUDA_MAPPING=warp forces the warp).
+// (2, 3) as well (BLOCHSIM_CUDA_MAPPING=warp forces the warp). The rule against the warp, H100, two rounds, ms
+// (mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s23a-f1{6,7}-*.json): pools (1, 2) 2k 6.64-6.73 /
+// 5.39-5.71, 20k 42.47-42.71 / 39.04-39.21; (2, 2) 2k 6.03-6.30 / 6.48-6.53, 20k 43.63-44.22 / 40.70-41.03.
 constexpr int kSecondOrderPoolGroupPlanes = 7;  // (launch_plan.hpp launch_vjp_pools compiles them)
 constexpr int kSecondOrderPoolGroupRulePlanes = 6;  // pools (1, 2) and (2, 2)
 template <class R>
