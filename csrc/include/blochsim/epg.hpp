@@ -215,9 +215,7 @@ struct EventValues : ValuePulse<N, kValues> {
 // cis(-phase).
 template <class N, bool kValues>
 BS_HD Cx<N> demodulation(const EventValues<N, kValues>& ev) {
-  if constexpr (kValues) {
-    if (ev.value_turn) return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));
-  }
+  if constexpr (kValues) return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));
   return ev.turn ? *ev.turn : cis(-ev.phase);
 }
 

@@ -753,8 +753,8 @@ BS_HD EventValues<N, (Num<N>::P > 0)> decoded_event(const Problem<R>& pb, const 
   if constexpr (Num<N>::P == 0) {
     ev.rotation = uniform ? &c.rotation : nullptr;
     ev.turn = &c.turn;
-  } else {  // (kDecodedValues: the values carry no tangent)
-    ev.value_rotation = uniform ? &c.rotation : nullptr;
+  } else {  // (kDecodedValues: the values carry no tangent and the pulses are uniform, values_decodable)
+    ev.value_rotation = &c.rotation;
     ev.value_turn = &c.turn;
   }
   ev.sample_at = c.sample_at;
@@ -882,8 +882,7 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
   const Ref<S> samples = store + state_size(pb) * (replayed + checkpoint_count(pb));  // sample_values
   [[maybe_unused]] const EventCode<R>* codes = static_cast<const EventCode<R>*>(pb.event_codes);
   constexpr bool kFolds = kSource != kOwnEvents;
-  // (for every voxel; kDecodedValues: values_decodable holds it)
-  [[maybe_unused]] const bool uniform = kSource == kDecodedValues || (kSource == kDecodedEvents && uniform_pulse(pb));
+  [[maybe_unused]] const bool uniform = kSource == kDecodedEvents && uniform_pulse(pb);  // (for every voxel)
   [[maybe_unused]] Cx<N> sample_turn;  // (kFoldedEvents: folded_event)
   auto event = [&](int64_t rep, int64_t e) {
     if constexpr (kSource == kDecodedEvents || kSource == kDecodedValues) {

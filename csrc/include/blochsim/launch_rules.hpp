@@ -192,8 +192,12 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 constexpr int kSecondOrderPoolGroupPlanes = 7;  // (launch_plan.hpp launch_vjp_pools compiles them)
 constexpr int kSecondOrderPoolGroupRulePlanes = 6;  // pools (1, 2) and (2, 2)
 template <class R>
-inline bool second_order_pool_groups_compiled(const Problem<R>& pb, int planes = kSecondOrderPoolGroupPlanes) {
-  return compiled_pools(pb) && layout_planes(pools_layout(pb.nt, pb.nl)) <= planes;
+inline int pool_planes(const Problem<R>& pb) {  // planes of the fixed-pool layout's state array
+  return layout_planes(pools_layout(pb.nt, pb.nl));
+}
+template <class R>
+inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
+  return compiled_pools(pb) && pool_planes(pb) <= kSecondOrderPoolGroupPlanes;
 }
 template <class N, class S, class R>
 inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
@@ -304,8 +308,8 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
   if (register_adjoint<N, S>(pb)) return V <= kPlainGroupVoxels ? 8 : V <= kPlainGroupOf4Voxels ? 4 : 1;
   if (plain_group_adjoint<N, S>(pb, 4)) return V <= kPlainSecondOrderOf8Voxels ? 8 : 4;
   if (complex_second_order && plain_general_adjoint<N, S>(pb, 16)) return 16;
-  const bool pool_groups = fixed_pool_second_order_groups<N, S>(pb, 16) &&
-                           second_order_pool_groups_compiled(pb, kSecondOrderPoolGroupRulePlanes);
+  const bool pool_groups =
+      fixed_pool_second_order_groups<N, S>(pb, 16) && pool_planes(pb) <= kSecondOrderPoolGroupRulePlanes;
   if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;  // where the warp ran (the thread past its crossing)
   if (group_adjoint(pb) && !complex_second_order) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
