@@ -37,11 +37,11 @@ csrc/include/blochsim/event_loop.hpp|s/        DecodedPlainEvents<N, R> events{{
 csrc/include/blochsim/event_loop.hpp|s/      f.record = pb.record\[m\];/      f.record = f.record;/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/  f.back = int16_t(e == 0 ? pb.E - p : e - p);/  f.back = int16_t(e == 0 ? pb.E - p : 1);/|plain_adjoint and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = events.ahead(e);  \/\/ to the stretch's first head/    const int64_t skip = 0;/|plain_adjoint and thread
-csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V,/AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V - 1,/|first_and_second and auto
+csrc/include/blochsim/launch_plan.hpp|s/start_adjoint_lanes<N, S, 4, kPlain, 8>(launcher, shape, general, V,/start_adjoint_lanes<N, S, 4, kPlain, 8>(launcher, shape, general, V - 1,/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  c.turn = cis(-fetch<R>(pb.phase, e + f.sample_at));/  c.turn = cis(fetch<R>(pb.phase, e + f.sample_at));/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  ev.rotation = uniform ? \&c.rotation : nullptr;/  ev.rotation = \&c.rotation;/|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|general_adjoint_decoded and map
-csrc/include/blochsim/launch_plan.hpp|s/AdjointLanes<N, S, 1, kPlain, 32>(), shape,/AdjointLanes<N, S, 1, kPlain, 32>(), lanes_shape(V, 8),/|first_and_second and auto
+csrc/include/blochsim/launch_plan.hpp|s/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, shape,/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, lanes_shape(V, 8),/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_at, /    eg.add(kGradPhase, ev.e, /|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kFolds) return codes\[e\].back;/    if constexpr (kFolds) return 1;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
@@ -49,6 +49,7 @@ csrc/include/blochsim/event_loop.hpp|s/  if (c.record >= 0) turn = cis(-fetch<N>
 csrc/include/blochsim/launch_rules.hpp|s/  if (complex_second_order \&\& plain_general_adjoint<N, S>(pb, 16)) return 16;/;/|general_adjoint_folds and auto
 csrc/include/blochsim/launch_rules.hpp|/const bool second_order_groups = Num<N>::P == 1/ s/lanes == 8/lanes == 0/|general_adjoint_folds and plain8
 csrc/include/blochsim/launch_rules.hpp|s/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 32 : 1;/|pool_second_order_groups
+csrc/include/blochsim/launch_plan.hpp|s/    if (values_decodable(pb)) {/    if (false) {/|pool_second_order_groups
 csrc/include/blochsim/number.hpp|/operator\*(const Cx<Dual<R, P>>& a, const Cx<R>& b)/,/^}/ s/a.re \* b.im + a.im \* b.re/a.re * b.im - a.im * b.re/|first_and_second and auto
 csrc/include/blochsim/epg.hpp|s/return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));/return Cx<N>(N(ev.value_turn->re), -N(ev.value_turn->im));/|first_and_second and auto
 MUTATIONS

@@ -84,6 +84,7 @@ def card_library(tmp_path_factory):
     lib.bs_last_error.restype = ctypes.c_char_p
     lib.bs_epg_scratch_bytes.restype = ctypes.c_int64
     lib.bs_epg_resident_voxels.restype = ctypes.c_int64
+    lib.cuda_on_host_kernels_started.restype = ctypes.c_char_p
     return lib
 
 
@@ -97,8 +98,8 @@ def card(card_library, monkeypatch):
     fails where none of its calls reached the card (a result then held to itself). `card.voxels_a_block`
     gathers, per pass, the voxels a block of the kernels its launches started (bs_epg_resident_voxels, asked
     before each call): which mapping ran, since a forced one that fell back to another would match the host
-    as well."""
-    host_call, on, calls, voxels_a_block = kernels._call, [False], [0], {}
+    as well; `card.kernels` the names of the kernels each pass started (where two take the same shape)."""
+    host_call, on, calls, voxels_a_block, started = kernels._call, [False], [0], {}, {}
 
     def call(st, entry, args):
         if not (on[0] and entry in kernels._PASSES):
@@ -111,8 +112,10 @@ def card(card_library, monkeypatch):
         assert need >= 0, card_library.bs_last_error().decode()
         scratch = torch.full((max(int(need), 1),), 0xFF, dtype=torch.uint8)
         args.scratch, args.scratch_bytes = scratch.data_ptr(), int(need)
+        card_library.cuda_on_host_kernels_started()  # (forget any started outside this call)
         status = getattr(card_library, entry)(ctypes.byref(args))
         assert status == 0, card_library.bs_last_error().decode()
+        started.setdefault(entry, set()).update(card_library.cuda_on_host_kernels_started().decode().split(","))
 
     monkeypatch.setattr(kernels, "_call", call)
 
@@ -126,6 +129,7 @@ def card(card_library, monkeypatch):
         assert calls[0] > before, "no kernel call reached the emulated card"
 
     running.voxels_a_block = voxels_a_block
+    running.kernels = started
     return running
 
 
@@ -216,6 +220,10 @@ def test_pool_second_order_groups_match_host(pools, forced, states, card, monkey
     test_first_and_second_derivatives_match_host(pools, False, states, "auto", card)
     mapping = "warp" if pools == "poolb+mt" and not forced else "plain16"
     assert card.voxels_a_block["bs_epg_vjp_jvp"] == {VOXELS_A_BLOCK[mapping]}, card.voxels_a_block
+    # no tangent reaches the events (the Jacobian's along T1 and T2) and B1 is uniform: the decoded values'
+    # kernel (launch_plan.hpp start_adjoint_lanes)
+    second_order = card.kernels["bs_epg_vjp_jvp"]
+    assert "vjp_values_kernel" in second_order and "vjp_warp_kernel" not in second_order, second_order
 
 
 @pytest.mark.parametrize("b1", ("map", "one value"))
@@ -466,6 +474,9 @@ def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, tr
     assert_plain_close(emulated_grads, host_grads)
     launched = {entry: card.voxels_a_block[entry] for entry in ("bs_epg_vjp", "bs_epg_vjp_jvp")}
     assert launched == GENERAL_ADJOINT_BLOCKS[general_mapping], launched
+    # the double backward's tangents reach the flips and phases: each voxel's own values (vjp_warp_kernel)
+    second_order = card.kernels["bs_epg_vjp_jvp"]
+    assert "vjp_warp_kernel" in second_order and "vjp_values_kernel" not in second_order, second_order
 
 
 @pytest.mark.parametrize(("pools", "states"), (("poolb+mt", 10), ("poolb+mt", 32), ("poolb", 32), ("mt", 20)))

@@ -816,10 +816,12 @@ constexpr int adjoint_lanes_blocks_per_sm() {
   return !warp_of_model0 ? 0 : complex_first ? 4 : complex_second ? 3 : 0;
 }
 
-template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io,
-                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
-                                                       N* table_scratch) {
+// A general adjoint's voxel in a group or warp of lanes (vjp_warp_kernel, vjp_values_kernel), its walks
+// reading the events from kSource.
+template <EventSource kSource, class N, class S, int KPL, int LAYOUT, int LANES, class R>
+__device__ __forceinline__ void adjoint_lanes(const Problem<R>& pb_in, int64_t V, SampleIO<N>& io,
+                                              DeviceEventGrad<N>& eg, const GradOut<R>& out, S* scratch,
+                                              N* table_scratch) {
   static_assert(LANES == 32 || LAYOUT == kModel0 || LAYOUT == kPlain || LAYOUT > kTables,
                 "groups of lanes are compiled for pool model 0 (plain or not) and the fixed pool layouts");
   const int lane = threadIdx.x & (LANES - 1);
@@ -832,6 +834,9 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   Problem<R> pb = pb_in;
   pb.K = KPL;  // the lane's orders
   apply_layout<LAYOUT>(pb);
+  if constexpr (kSource == kDecodedValues) {  // no pulse played per voxel (values_decodable): the walks
+    pb.field_row = pb.profile_row = pb.spinor_row = nullptr;  // compiled without those rows
+  }
   const int64_t K = pb_in.K;
   eg.active = active;
   eg.voxel_lanes = LANES;
@@ -844,29 +849,37 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
   const TableGrad<N> tg =
       tables ? table_grad_at(pb, out, table_scratch, thread, launched_threads(), LANES) : TableGrad<N>{};
   const Ref<S> store = thread_scratch(scratch, thread, lane_store_size(pb_in, KPL));  // as vjp_state_bytes
-  // The walks read the events as the launch decoded them (launch_rules.hpp decoded_general_events); the
-  // second order their values too where no tangent reaches them (values_decodable: one test a launch, each
-  // source its own copy of the walks, where one choosing per event cost registers).
   const WarpShift shift{lane, K, LANES};
   const WarpShiftAdjoint shift_adjoint{lane, K, LANES};
-  constexpr EventSource source = launch_event_source<N, R>();
-  if constexpr (source == kFoldedEvents) {
-    if (values_decodable(pb)) {  // (so no pulse is played per voxel: the walks compiled without those rows)
-      Problem<R> uniform = pb;
-      uniform.field_row = uniform.profile_row = uniform.spinor_row = nullptr;
-      vjp_voxel<N, S, kDecodedValues>(uniform, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
-                                      int64_t(lane) * KPL);
-    } else {
-      vjp_voxel<N, S, source>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
-                              int64_t(lane) * KPL);
-    }
-  } else {
-    vjp_voxel<N, S, source>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
-                            int64_t(lane) * KPL);
-  }
+  vjp_voxel<N, S, kSource>(pb, v, t, Ref<S>{work, 1}, store, io, g, eg, tg, shift, shift_adjoint,
+                           int64_t(lane) * KPL);
   const bool writer = lane == 0 && active;
   write_group_tissue_gradients<LANES>(g, t, out, v, writer);
   if (tables) write_table_grads(pb, v, tg, out, LanesTotal<LANES>{}, writer);
+}
+
+// The general adjoint in a group or warp of lanes a voxel, its walks reading the events as the launch decoded
+// them (launch_rules.hpp decoded_general_events: the first order's values and folds, the second order's folds
+// alone with each voxel's own values and their tangents).
+template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
+__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io,
+                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
+                                                       N* table_scratch) {
+  adjoint_lanes<launch_event_source<N, R>(), N, S, KPL, LAYOUT, LANES>(pb, V, io, eg, out, scratch, table_scratch);
+}
+
+// The second order's general adjoint where no tangent reaches the events and the pulses are uniform
+// (values_decodable, tested by the launch plan: launch_plan.hpp start_adjoint_lanes): the walks read the
+// launch's decoded values and turn the dual states by real rotations (kDecodedValues). A kernel of its own,
+// not a branch of vjp_warp_kernel's: a kernel holding both walks takes the registers of the larger (the
+// complex groups of 16: 255, two blocks a multiprocessor; these walks alone 168, three blocks, 4 bytes
+// spilled; sm_90, benchmarks/sass_regions.py).
+template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
+__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_values_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io,
+                                                         DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
+                                                         N* table_scratch) {
+  static_assert(launch_event_source<N, R>() == kFoldedEvents, "the second order's general adjoint");
+  adjoint_lanes<kDecodedValues, N, S, KPL, LAYOUT, LANES>(pb, V, io, eg, out, scratch, table_scratch);
 }
 
 // The real register adjoint's scheme (vjp_voxel_plain: one pass over the orders per event, K = 32, plain

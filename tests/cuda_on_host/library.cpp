@@ -5,12 +5,27 @@
 // VJP-JVP, 4 the C ABI over them), so the build runs in parallel; tests/test_cuda_on_host.py builds and
 // links the five.
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
 #include <string_view>
 
 #include "blochsim/launch_plan.hpp"
 #include "epg_device.cuh"
 
 namespace bs {
+// The kernels started since the tests last asked (cuda_on_host_kernels_started): which kernel a pass chose
+// where two take the same shape (vjp_warp_kernel, vjp_values_kernel). One set for the five objects (an inline
+// function's static).
+inline std::set<std::string>& kernels_started() {
+  static std::set<std::string> names;
+  return names;
+}
+inline std::mutex& kernels_started_lock() {
+  static std::mutex lock;
+  return lock;
+}
+
 struct HostGridLauncher : ResidencyQuery {
   static constexpr bool kWarpKernels = true;
   template <class N>
@@ -33,6 +48,10 @@ struct HostGridLauncher : ResidencyQuery {
     if (resident_voxels) {                                                                           \
       if (shape.voxels_per_block) *resident_voxels = kResidentBlocks * shape.voxels_per_block;        \
       return;                                                                                        \
+    }                                                                                                \
+    {                                                                                                \
+      const std::lock_guard<std::mutex> hold(kernels_started_lock());                               \
+      kernels_started().insert(tag<BS_UNPAREN args>::name);                                          \
     }                                                                                                \
     cuda_on_host::run_grid(shape.grid, shape.block, blocks_at_once<tag<BS_UNPAREN args>>(),          \
                            [&] { kernel<BS_UNPAREN args>(arguments...); });                           \
@@ -74,4 +93,14 @@ CUDA_ON_HOST_INSTANCE(3) void vjp_jvp_pass<HostGridLauncher>(const HostGridLaunc
 
 #if CUDA_ON_HOST_PASS == 4
 #include "blochsim/cuda_abi.inc"
+
+// The names of the kernels started since the last call, joined by commas (the tests' card.kernels).
+extern "C" const char* cuda_on_host_kernels_started() {
+  static std::string joined;
+  const std::lock_guard<std::mutex> hold(bs::kernels_started_lock());
+  joined.clear();
+  for (const std::string& name : bs::kernels_started()) joined += (joined.empty() ? "" : ",") + name;
+  bs::kernels_started().clear();
+  return joined.c_str();
+}
 #endif

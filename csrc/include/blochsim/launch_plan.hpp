@@ -180,6 +180,20 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
 }
 
 // ---- adjoints (VJP, VJP-JVP) ----------------------------------------------------------------------------
+// A general adjoint in a group or warp of lanes a voxel (vjp_warp_kernel), or at the second order, where no
+// tangent reaches the events and the pulses are uniform, the same walks on the launch's decoded values
+// (vjp_values_kernel: event_loop.hpp values_decodable), each kernel with the registers of its own walks.
+template <class N, class S, int KPL, int L, int LANES, class Launcher, class R, class... A>
+void start_adjoint_lanes(const Launcher& launcher, const LaunchShape& shape, const Problem<R>& pb, const A&... a) {
+  if constexpr (launch_event_source<N, R>() == kFoldedEvents) {
+    if (values_decodable(pb)) {
+      launcher.start(AdjointValues<N, S, KPL, L, LANES>(), shape, pb, a...);
+      return;
+    }
+  }
+  launcher.start(AdjointLanes<N, S, KPL, L, LANES>(), shape, pb, a...);
+}
+
 // The adjoint with the pool counts fixed at compile time, a warp per voxel (launch_rules.hpp
 // fixed_pool_warp: the first order, N = float, and the second, N = Dual<float, 1>; csrc/cuda/pools.cu and
 // pools_dual.cu), the real first order in groups of 8 (fixed_pool_group_adjoint), or the second in groups of
@@ -192,19 +206,19 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
     constexpr int L = decltype(layout)::value;
     if constexpr (std::is_same<N, float>::value && std::is_same<S, float>::value) {
       if (lanes == 8) {
-        launcher.start(AdjointLanes<N, S, 4, L, 8>(), lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
+        start_adjoint_lanes<N, S, 4, L, 8>(launcher, lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
         return;
       }
     }
     constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
     if constexpr (second_order_groups && layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
       if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
-        launcher.start(AdjointLanes<N, S, 2, L, 16>(), lanes_shape(V, 16), pb, V, io, eg, out, scratch,
+        start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
                        table_scratch);
         return;
       }
     }
-    launcher.start(AdjointLanes<N, S, 1, L, 32>(), lanes_shape(V, 32), pb, V, io, eg, out, scratch, table_scratch);
+    start_adjoint_lanes<N, S, 1, L, 32>(launcher, lanes_shape(V, 32), pb, V, io, eg, out, scratch, table_scratch);
   });
   if (!compiled) throw std::logic_error("no compiled pool layout");  // fixed_pool_warp decides first
 }
@@ -307,21 +321,21 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
         if (plain_general_adjoint<N, S>(pb, lanes)) {  // the plain layout: 8 lanes, or 16 (the second order)
           if constexpr (Num<N>::P == 1) {
             if (lanes == 16) {
-              launcher.start(AdjointLanes<N, S, 2, kPlain, 16>(), shape, general, V, io, eg, out, state_scratch,
+              start_adjoint_lanes<N, S, 2, kPlain, 16>(launcher, shape, general, V, io, eg, out, state_scratch,
                              table_scratch);
               return;
             }
           }
-          launcher.start(AdjointLanes<N, S, 4, kPlain, 8>(), shape, general, V, io, eg, out, state_scratch,
+          start_adjoint_lanes<N, S, 4, kPlain, 8>(launcher, shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
           return;
         }
       }
       if (lanes == 8)
-        launcher.start(AdjointLanes<N, S, 4, kModel0, 8>(), shape, general, V, io, eg, out, state_scratch,
+        start_adjoint_lanes<N, S, 4, kModel0, 8>(launcher, shape, general, V, io, eg, out, state_scratch,
                        table_scratch);
       else
-        launcher.start(AdjointLanes<N, S, 8, kModel0, 4>(), shape, general, V, io, eg, out, state_scratch,
+        start_adjoint_lanes<N, S, 8, kModel0, 4>(launcher, shape, general, V, io, eg, out, state_scratch,
                        table_scratch);
       return;
     }
@@ -336,24 +350,24 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       }
       if (pb.tabulated) {
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kTables, 32>(), shape, general, V, io, eg, out, state_scratch,
+          start_adjoint_lanes<N, S, 2, kTables, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kTables, 32>(), shape, general, V, io, eg, out, state_scratch,
+          start_adjoint_lanes<N, S, 1, kTables, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
       } else {
         if constexpr (!std::is_same<N, S>::value && Num<N>::P == 1) {  // (compiled for the complex second order)
           if (plain_general_adjoint<N, S>(pb, 32)) {
-            launcher.start(AdjointLanes<N, S, 1, kPlain, 32>(), shape, general, V, io, eg, out, state_scratch,
+            start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
                            table_scratch);
             return;
           }
         }
         if (two)
-          launcher.start(AdjointLanes<N, S, 2, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch,
+          start_adjoint_lanes<N, S, 2, kModel0, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
         else
-          launcher.start(AdjointLanes<N, S, 1, kModel0, 32>(), shape, general, V, io, eg, out, state_scratch,
+          start_adjoint_lanes<N, S, 1, kModel0, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
                          table_scratch);
       }
       return;

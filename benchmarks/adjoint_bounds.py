@@ -1,0 +1,138 @@
+"""What bounds each derivative case on the card: its kernels' DRAM bytes and issued instructions against the
+card's peaks, from ncu's counters of one call after two warm-ups, beside the forward of the same train and
+tissues counted the same way.
+
+A case's call (api_cases.case_fn: the public API, tensors made on the card) runs in a child process under
+`ncu --profile-from-start off`; the child starts the profiler around the third call only. Per case and
+kernel: GPU time, DRAM bytes read and written, warp instructions issued, achieved occupancy and registers.
+Two floors follow from the counts: the bytes at the card's DRAM peak (`--bandwidth`, bytes per second: an
+H100 SXM's 3.35e12 by default) and the instructions at one a scheduler and cycle (the multiprocessors'
+schedulers at the clock ncu saw). A kernel near its byte floor is held by the bytes its scheme moves; one
+far above both by its chain's latency at the occupancy its registers allow.
+
+ncu replays each kernel once per counter pass, so the GPU times here are its own (each kernel alone, caches
+flushed); the wall times of the same calls are in api_cases.py's records.
+
+Run (on a card, ncu on PATH): python benchmarks/adjoint_bounds.py [case:n ...] [--out FILE.json]
+Default cases: issue 29's derivative cases outside their bounds in the last record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CASES = ["epg_real_grad:100000", "epg_complex_grad:20000", "pooled_grad:20000", "epg_real_hvp:20000",
+                 "epg_complex_hvp:5000", "pooled_hvp:5000", "pooledb_hvp:20000"]
+METRICS = {
+    "gpu__time_duration.sum": "ns",
+    "dram__bytes_read.sum": "read",
+    "dram__bytes_write.sum": "written",
+    "smsp__inst_executed.sum": "instructions",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+    "launch__registers_per_thread": "registers",
+    "sm__cycles_elapsed.avg.per_second": "sm_hz",
+    "launch__sm_count": "sms",
+}
+SCHEDULERS_PER_SM = 4
+
+
+def child(case: str, n: int) -> None:
+    """Two warm-up calls, then the profiled one."""
+    import torch
+    from api_cases import case_fn
+
+    fn = case_fn(case, n, torch.device("cuda"))
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def profile(case: str, n: int, ncu: str) -> list[dict]:
+    """Per kernel of the case's third call: its counters (METRICS' names)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "ncu.csv"
+        subprocess.run([ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv",
+                        "--print-units", "base", "--log-file", str(log), sys.executable, __file__, "--child",
+                        f"{case}:{n}"], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                            [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])})
+        return kernel_counters(log.read_text())
+
+
+def kernel_counters(text: str) -> list[dict]:
+    """ncu's --csv log (one row a kernel and metric) as one dict a kernel, METRICS' short names."""
+    rows = [line for line in text.splitlines() if line.startswith('"')]  # (ncu's own notes start with ==)
+    kernels: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(rows))):
+        k = kernels.setdefault(row["ID"], {"kernel": row["Kernel Name"].split("(")[0].replace("void ", "")})
+        try:
+            k[METRICS[row["Metric Name"]]] = float(row["Metric Value"].replace(",", ""))
+        except ValueError:  # (n/a: a counter this launch lacks)
+            k[METRICS[row["Metric Name"]]] = 0.0
+    return list(kernels.values())
+
+
+def summary(kernels: list[dict], bandwidth: float) -> dict:
+    """The case's totals and its two floors (ms)."""
+    ms = sum(k.get("ns", 0.0) for k in kernels) / 1e6
+    moved = sum(k.get("read", 0.0) + k.get("written", 0.0) for k in kernels)
+    issue_ms = sum(k.get("instructions", 0.0) / (SCHEDULERS_PER_SM * k["sms"] * k["sm_hz"])
+                   for k in kernels if k.get("sms") and k.get("sm_hz")) * 1e3
+    return {"gpu_ms": ms, "dram_bytes": moved, "byte_floor_ms": moved / bandwidth * 1e3, "issue_floor_ms": issue_ms,
+            "launches": len(kernels)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", default=DEFAULT_CASES, help="case:n (api_cases.py's names)")
+    parser.add_argument("--bandwidth", type=float, default=3.35e12, help="the card's DRAM peak, bytes/s")
+    parser.add_argument("--out", help="write the per-kernel counts and summaries here (JSON)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        case, n = args.child.split(":")
+        child(case, int(n))
+        return
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        sys.exit("adjoint_bounds: ncu not on PATH")
+    from api_cases import forward_of
+
+    results = []
+    print(f"{'case':<18}{'n':>8}{'gpu ms':>9}{'MB moved':>10}{'byte floor':>11}{'issue floor':>12}"
+          f"{'launches':>9}  kernels (ms, MB, occupancy %, registers)")
+    for spec in args.cases:
+        case, n = spec.split(":")
+        for name in (forward_of(case), case):
+            try:
+                kernels = profile(name, int(n), ncu)
+            except subprocess.CalledProcessError as failed:
+                print(f"{name:<18}{n:>8}  ncu failed (exit {failed.returncode})", flush=True)
+                continue
+            s = summary(kernels, args.bandwidth)
+            results.append({"case": name, "n": int(n), **s, "kernels": kernels})
+            detail = "; ".join(f"{k['kernel'][:60]} {k.get('ns', 0) / 1e6:.2f} "
+                               f"{(k.get('read', 0) + k.get('written', 0)) / 1e6:.0f} "
+                               f"{k.get('occupancy_pct', 0):.0f} {k.get('registers', 0):.0f}"
+                               for k in sorted(kernels, key=lambda k: -k.get("ns", 0))[:4])
+            print(f"{name:<18}{n:>8}{s['gpu_ms']:>9.2f}{s['dram_bytes'] / 1e6:>10.0f}{s['byte_floor_ms']:>11.2f}"
+                  f"{s['issue_floor_ms']:>12.2f}{s['launches']:>9}  {detail}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"bandwidth": args.bandwidth, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
