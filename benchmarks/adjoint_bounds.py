@@ -13,7 +13,8 @@ far above both by its chain's latency at the occupancy its registers allow.
 ncu replays each kernel once per counter pass, so the GPU times here are its own (each kernel alone, caches
 flushed); the wall times of the same calls are in api_cases.py's records.
 
-Run (on a card, ncu on PATH): python benchmarks/adjoint_bounds.py [case:n ...] [--out FILE.json]
+Run (on a card, ncu on PATH): python benchmarks/adjoint_bounds.py [case:n ...] [--out DIR]
+Writes a new record, benchmarks/results/profile/adjoint_bounds-<card>-<date>-<commit>.json (_records.py).
 Default cases: issue 29's derivative cases outside their bounds in the last record.
 """
 
@@ -22,12 +23,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", default=DEFAULT_CASES, help="case:n (api_cases.py's names)")
     parser.add_argument("--bandwidth", type=float, default=3.35e12, help="the card's DRAM peak, bytes/s")
-    parser.add_argument("--out", help="write the per-kernel counts and summaries here (JSON)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "profile",
+                        help="the directory of the record (per-kernel counts and summaries)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -109,7 +111,11 @@ def main() -> None:
     ncu = shutil.which("ncu")
     if ncu is None:
         sys.exit("adjoint_bounds: ncu not on PATH")
+    import torch
+    from _records import machine_name, write_record
     from api_cases import forward_of
+
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     results = []
     print(f"{'case':<18}{'n':>8}{'gpu ms':>9}{'MB moved':>10}{'byte floor':>11}{'issue floor':>12}"
@@ -130,8 +136,10 @@ def main() -> None:
                                for k in sorted(kernels, key=lambda k: -k.get("ns", 0))[:4])
             print(f"{name:<18}{n:>8}{s['gpu_ms']:>9.2f}{s['dram_bytes'] / 1e6:>10.0f}{s['byte_floor_ms']:>11.2f}"
                   f"{s['issue_floor_ms']:>12.2f}{s['launches']:>9}  {detail}", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"bandwidth": args.bandwidth, "results": results}, indent=1))
+    card = machine_name(torch.device("cuda"))
+    record = {"task": "adjoint_bounds", "date": date, "device": card, "torch": torch.__version__,
+              "bandwidth": args.bandwidth, "results": results}
+    print("wrote", write_record(args.out, "adjoint_bounds", card, record))
 
 
 if __name__ == "__main__":
