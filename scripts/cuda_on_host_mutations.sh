@@ -41,7 +41,7 @@ csrc/include/blochsim/launch_plan.hpp|s/start_adjoint_lanes<N, S, 4, kPlain, 8>(
 csrc/include/blochsim/event_loop.hpp|s/  c.turn = cis(-fetch<R>(pb.phase, e + f.sample_at));/  c.turn = cis(fetch<R>(pb.phase, e + f.sample_at));/|first_and_second and auto
 csrc/include/blochsim/event_loop.hpp|s/  ev.rotation = uniform ? \&c.rotation : nullptr;/  ev.rotation = \&c.rotation;/|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/  ev.dt = ev.wrap ? fetch<N>(pb.dt_wrap, 0) : N(c.dt);/  ev.dt = N(c.dt);/|general_adjoint_decoded and map
-csrc/include/blochsim/launch_plan.hpp|s/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, shape,/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, lanes_shape(V, 8),/|first_and_second and auto
+csrc/include/blochsim/launch_plan.hpp|s/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, shape,/start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, lanes_shape(V, 8),/|first_and_second and warp
 csrc/include/blochsim/event_loop.hpp|s/    eg.add(kGradPhase, ev.e + ev.sample_at, /    eg.add(kGradPhase, ev.e, /|general_adjoint_decoded and map
 csrc/include/blochsim/event_loop.hpp|s/    if constexpr (kFolds) return codes\[e\].back;/    if constexpr (kFolds) return 1;/|general_adjoint_folds and auto
 csrc/include/blochsim/event_loop.hpp|s/    const int64_t skip = ahead(e);/    const int64_t skip = 0;/|general_adjoint_folds and auto
@@ -50,6 +50,7 @@ csrc/include/blochsim/launch_rules.hpp|s/  if (complex_second_order \&\& plain_g
 csrc/include/blochsim/launch_rules.hpp|/const bool second_order_groups = Num<N>::P == 1/ s/lanes == 8/lanes == 0/|general_adjoint_folds and plain8
 csrc/include/blochsim/launch_rules.hpp|s/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;/  if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 32 : 1;/|pool_second_order_groups
 csrc/include/blochsim/launch_plan.hpp|s/    if (values_decodable(pb)) {/    if (false) {/|pool_second_order_groups
+csrc/include/blochsim/launch_rules.hpp|s/  const bool complex_plain = std::is_same<S, Cx<N>>::value \&\& !per_voxel_pulses(pb);/  const bool complex_plain = false;/|first_and_second and lanes8
 csrc/include/blochsim/number.hpp|/operator\*(const Cx<Dual<R, P>>& a, const Cx<R>& b)/,/^}/ s/a.re \* b.im + a.im \* b.re/a.re * b.im - a.im * b.re/|first_and_second and auto
 csrc/include/blochsim/epg.hpp|s/return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));/return Cx<N>(N(ev.value_turn->re), -N(ev.value_turn->im));/|first_and_second and auto
 MUTATIONS

@@ -430,6 +430,8 @@ def test_sanitizer_case():
                         test_group_second_order_adjoints_match_the_oracle(group, 20, "complex", patch)
                 with pytest.MonkeyPatch.context() as patch:  # the fixed-pool second order in groups of 16
                     test_pool_second_order_groups_match_host("poolb+mt", 10, patch)
+            if mapping == "lanes8":  # the complex Jacobian (JVP) in groups of 8, its events decoded per block
+                test_first_and_second_derivatives_match_host("free", True, 10, mapping)
             if mapping in ("lanes4", "lanes8"):  # the adjoints in groups, with padding groups (13 voxels)
                 with pytest.MonkeyPatch.context() as patch:
                     test_group_adjoints_match_the_oracle(mapping, 20, "complex", patch)

@@ -743,15 +743,27 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   Deferral defer;  // plain: the shifts commute with intervals
   Deferral* const deferred = LAYOUT == kPlain ? &defer : nullptr;
   for_each_event<N, S>(pb, active, [&](const EventValues<N>& ev) {
-    if constexpr (Num<N>::P > 0 && LAYOUT == kPlain && KPL == 4) {
+    if constexpr (Num<N>::P > 0 && LAYOUT == kPlain && (KPL == 4 || KPL == 8)) {
       // The dual JVP in groups of 8: the lane's state made here with its order count a literal, so the
       // step's order loops unroll and the state stays in registers (ptxas sm_90, Dual<float, 2>: 128
       // registers and no stack, against 89 registers and a 176-byte local array with x's count, which
       // nvcc does not carry through the event loop's lambda for a dual number). The Jacobian alone at
       // 20k / 200k voxels: 3.9 / 34.7 ms against 10.7 / 92.7 (H100, launch_rules.hpp forward_lanes).
-      // Groups of 4 (8 orders a lane) gained nothing so: ptxas kept a 4,736-byte local array.
       const State<S> y{x.base, KPL, x.nt, x.nl, x.k0};
-      step_forward(pb, v, t, ev, y, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
+      if constexpr (!std::is_same<N, S>::value || KPL == 8) {
+        // nvcc keeps this lambda a function of its own for the complex dual and for 8 orders a lane, and the
+        // kernel's constants do not reach through its reference to pb: the layout's are set on a problem of
+        // its own, and the complex JVP's absent per-voxel pulse rows (launch_rules.hpp jvp_groups), so the
+        // pool tables', spinor and field branches compile out (ptxas sm_90, Dual<float, 2>: the complex
+        // groups of 8 255 registers and no stack where 127 and a 5,040-byte frame; the real groups of 4, 8
+        // orders a lane, 209 and none where 123 and a 4,752-byte local array).
+        Problem<R> plain = pb;
+        apply_layout<LAYOUT>(plain);
+        if constexpr (!std::is_same<N, S>::value) plain.field_row = plain.profile_row = plain.spinor_row = nullptr;
+        step_forward(plain, v, t, ev, y, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
+      } else {
+        step_forward(pb, v, t, ev, y, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
+      }
     } else {
       step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
     }

@@ -95,6 +95,12 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
       return;
     }
   }
+  if constexpr (!std::is_same<N, S>::value && kJvpOfOneOrTwo<N>) {
+    if (lanes == 8) {  // a complex plain JVP in groups of 8 (launch_rules.hpp jvp_groups)
+      launcher.start(ForwardLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io);
+      return;
+    }
+  }
   if constexpr (std::is_same<N, S>::value && kJvpOfOneOrTwo<N>) {
     if (lanes == 4 || lanes == 8) {  // a real plain JVP in groups (launch_rules.hpp jvp_groups)
       if (lanes == 4)

@@ -120,9 +120,16 @@ inline int forced_adjoint_plain_lanes() {
 // two properties). Past 3,000 voxels the JVP took a thread per voxel, its dual states in device scratch
 // (Dual types have no register kernel): the 20k real HVP's JVP ran 13.9 ms there, 31 % of the call (H100,
 // benchmarks/results/profile/torch-profiler-timelines-H100-2026-12-05-6bce3e6.txt).
+// The complex plain JVPs too where no pulse is played per voxel, in groups of 8 only (4 orders a lane:
+// Cx<Dual<float, 2>> 255 registers and no stack, ptxas sm_90; epg_device.cuh forward_warp_kernel), where
+// they took a warp per voxel to 10,000 voxels (the complex HVP's Jacobian at 5k: 6.21 ms of the call's 22.81
+// on an H100, 9.5 times the forward; benchmarks/adjoint_bounds.py) and a thread past it, its dual states in
+// device scratch.
 template <class N, class S, class R>
 inline bool jvp_groups(const Problem<R>& pb) {
-  return std::is_same<N, S>::value && kJvpOfOneOrTwo<N> && !pb.tabulated && pb.K <= 32 && plain_orders(pb);
+  const bool complex_plain = std::is_same<S, Cx<N>>::value && !per_voxel_pulses(pb);
+  return (std::is_same<N, S>::value || complex_plain) && kJvpOfOneOrTwo<N> && !pb.tabulated && pb.K <= 32 &&
+         plain_orders(pb);
 }
 
 // Lanes per voxel of a forward or JVP launch: 32, 8, 4, or 1 (a thread per voxel). Groups of 4 or 8 are
@@ -133,7 +140,8 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return 1;
   const bool groups = (Num<N>::P == 0 && pb.K <= 32) || jvp_groups<N, S>(pb);
   const int forced = forced_mapping();
-  if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced ? forced : 1;
+  const bool complex_jvp = Num<N>::P > 0 && !std::is_same<N, S>::value;  // (groups of 8 only: jvp_groups)
+  if (forced > 1 && forced < 32) return groups && pb.K <= 8 * forced && !(complex_jvp && forced != 8) ? forced : 1;
   if (forced >= 0) return forced;
   // Pools fixed at compile time: groups of 4 at any size (H200, 2026-12-03, ms lanes4 / lanes8 with run-time
   // pools: pooled 5k 0.50/1.50, 20k 0.69/6.17, 50k 1.41/13.0; pooled5 5k 1.57/5.09, 20k 3.88/25.0, 50k
