@@ -874,9 +874,9 @@ __device__ __forceinline__ void adjoint_lanes(const Problem<R>& pb_in, int64_t V
 // them (launch_rules.hpp decoded_general_events: the first order's values and folds, the second order's folds
 // alone with each voxel's own values and their tangents).
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_warp_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io,
-                                                       DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
-                                                       N* table_scratch) {
+__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>()))
+    vjp_warp_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io, DeviceEventGrad<N> eg, GradOut<R> out,
+                    S* scratch, N* table_scratch) {
   adjoint_lanes<launch_event_source<N, R>(), N, S, KPL, LAYOUT, LANES>(pb, V, io, eg, out, scratch, table_scratch);
 }
 
@@ -887,9 +887,9 @@ __global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, L
 // complex groups of 16: 255, two blocks a multiprocessor; these walks alone 168, three blocks, 4 bytes
 // spilled; sm_90, benchmarks/sass_regions.py).
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
-__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>())) vjp_values_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io,
-                                                         DeviceEventGrad<N> eg, GradOut<R> out, S* scratch,
-                                                         N* table_scratch) {
+__global__ void __launch_bounds__(128, (adjoint_lanes_blocks_per_sm<N, S, KPL, LAYOUT, LANES>()))
+    vjp_values_kernel(const Problem<R> pb, int64_t V, SampleIO<N> io, DeviceEventGrad<N> eg, GradOut<R> out,
+                      S* scratch, N* table_scratch) {
   static_assert(launch_event_source<N, R>() == kFoldedEvents, "the second order's general adjoint");
   adjoint_lanes<kDecodedValues, N, S, KPL, LAYOUT, LANES>(pb, V, io, eg, out, scratch, table_scratch);
 }

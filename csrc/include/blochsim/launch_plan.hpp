@@ -220,7 +220,7 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
     if constexpr (second_order_groups && layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
       if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
         start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
-                       table_scratch);
+                                            table_scratch);
         return;
       }
     }
@@ -328,21 +328,21 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
           if constexpr (Num<N>::P == 1) {
             if (lanes == 16) {
               start_adjoint_lanes<N, S, 2, kPlain, 16>(launcher, shape, general, V, io, eg, out, state_scratch,
-                             table_scratch);
+                                                       table_scratch);
               return;
             }
           }
           start_adjoint_lanes<N, S, 4, kPlain, 8>(launcher, shape, general, V, io, eg, out, state_scratch,
-                         table_scratch);
+                                                  table_scratch);
           return;
         }
       }
       if (lanes == 8)
         start_adjoint_lanes<N, S, 4, kModel0, 8>(launcher, shape, general, V, io, eg, out, state_scratch,
-                       table_scratch);
+                                                 table_scratch);
       else
         start_adjoint_lanes<N, S, 8, kModel0, 4>(launcher, shape, general, V, io, eg, out, state_scratch,
-                       table_scratch);
+                                                 table_scratch);
       return;
     }
     if (lanes == 32) {
@@ -357,24 +357,24 @@ void launch_vjp(const Launcher& launcher, const Problem<R>& pb, int64_t V, const
       if (pb.tabulated) {
         if (two)
           start_adjoint_lanes<N, S, 2, kTables, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
-                         table_scratch);
+                                                    table_scratch);
         else
           start_adjoint_lanes<N, S, 1, kTables, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
-                         table_scratch);
+                                                    table_scratch);
       } else {
         if constexpr (!std::is_same<N, S>::value && Num<N>::P == 1) {  // (compiled for the complex second order)
           if (plain_general_adjoint<N, S>(pb, 32)) {
             start_adjoint_lanes<N, S, 1, kPlain, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
-                           table_scratch);
+                                                     table_scratch);
             return;
           }
         }
         if (two)
           start_adjoint_lanes<N, S, 2, kModel0, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
-                         table_scratch);
+                                                    table_scratch);
         else
           start_adjoint_lanes<N, S, 1, kModel0, 32>(launcher, shape, general, V, io, eg, out, state_scratch,
-                         table_scratch);
+                                                    table_scratch);
       }
       return;
     }
