@@ -756,10 +756,11 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
         // its own, and the complex JVP's absent per-voxel pulse rows (launch_rules.hpp jvp_groups), so the
         // pool tables', spinor and field branches compile out (ptxas sm_90, Dual<float, 2>: the complex
         // groups of 8 255 registers and no stack where 127 and a 5,040-byte frame; the real groups of 4, 8
-        // orders a lane, 209 and none where 123 and a 4,752-byte local array).
+        // orders a lane, 209 and none where 123 and a 4,752-byte local array). The real groups of 8 step pb
+        // (their lambda inlined: a problem of their own moved their registers, 1,792 -> 1,784 instructions).
         Problem<R> plain = pb;
         apply_layout<LAYOUT>(plain);
-        if constexpr (!std::is_same<N, S>::value) plain.field_row = plain.profile_row = plain.spinor_row = nullptr;
+        if constexpr (!std::is_same<N, S>::value) drop_pulse_rows(plain);
         step_forward(plain, v, t, ev, y, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
       } else {
         step_forward(pb, v, t, ev, y, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
@@ -846,9 +847,7 @@ __device__ __forceinline__ void adjoint_lanes(const Problem<R>& pb_in, int64_t V
   Problem<R> pb = pb_in;
   pb.K = KPL;  // the lane's orders
   apply_layout<LAYOUT>(pb);
-  if constexpr (kSource == kDecodedValues) {  // no pulse played per voxel (values_decodable): the walks
-    pb.field_row = pb.profile_row = pb.spinor_row = nullptr;  // compiled without those rows
-  }
+  if constexpr (kSource == kDecodedValues) drop_pulse_rows(pb);  // (values_decodable)
   const int64_t K = pb_in.K;
   eg.active = active;
   eg.voxel_lanes = LANES;

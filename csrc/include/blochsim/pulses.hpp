@@ -29,6 +29,12 @@ template <class R>
 BS_HD bool per_voxel_pulses(const Problem<R>& pb) {
   return pb.field_row || pb.profile_row || pb.spinor_row;
 }
+// Where a launch's rule guarantees no pulse played per voxel (event_loop.hpp values_decodable, launch_rules.hpp
+// jvp_groups), the kernel drops the rows from its own problem so that the spinor and field branches compile out.
+template <class R>
+BS_HD void drop_pulse_rows(Problem<R>& pb) {
+  pb.field_row = pb.profile_row = pb.spinor_row = nullptr;
+}
 BS_HD int32_t row_of(const int32_t* rows, int64_t e) { return rows ? rows[e] : -1; }
 // Whether every voxel plays each pulse alike: B1 and its phase uniform over the voxels and no pulse played
 // per voxel (the device then forms each pulse's rotation once per launch).
