@@ -239,6 +239,37 @@ def test_general_adjoint_decoded_events_match_host(b1, mapping, card):
     assert_derivatives_close(emulated_grads, host_grads)
 
 
+@pytest.mark.parametrize("b1", ("map", "one value", "along B1"))
+@pytest.mark.parametrize("quadratic", (False, True))
+def test_jvp_on_decoded_values_matches_host(b1, quadratic, card, monkeypatch):
+    """The Jacobian in groups of 8 (launch_rules.hpp jvp_groups) over 150 events played twice (the MRF folds,
+    a repetition's seam), against the host per column. Along T1 and T2 with B1 one value no tangent reaches
+    the events: the launch decodes them once and the groups turn their dual states by real rotations
+    (forward_values_kernel, launch_rules.hpp jvp_values); with a B1 map, or along B1, each voxel forms its own
+    (forward_warp_kernel)."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "lanes8")
+    flips, phases = train(n=150, quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    along = ("t1_ms", "b1") if b1 == "along B1" else ("t1_ms", "t2_ms")
+
+    def run():
+        t = tissue("cpu", n=VOXELS, b0=quadratic)
+        extra = {"b1": torch.linspace(0.7, 1.2, VOXELS) if b1 == "map" else torch.tensor(0.85)}
+        if quadratic:
+            extra["b1_phase_rad"] = torch.linspace(-0.3, 0.4, VOXELS) if b1 == "map" else torch.tensor(0.2)
+        t = TissueProperties(**{**dict(t.items()), **extra})
+        return engine.jacobian(d, t, along, states=32, repetitions=2)
+
+    host, emulated = on_both(card, run)
+    assert rel_max_err(emulated[0], host[0]) < 1e-5
+    assert column_rel_err(emulated[1], host[1]) < 1e-4  # per column: dS/dT1 is several times below dS/dT2
+    started = card.kernels["bs_epg_jvp"]
+    values = b1 == "one value"
+    assert ("forward_values_kernel" in started) == values and ("forward_warp_kernel" in started) != values, started
+    if values:
+        assert card.voxels_a_block["bs_epg_jvp"] == {VOXELS_A_BLOCK["lanes8"]}, card.voxels_a_block
+
+
 #: The voxels a block of each mapping holds (launch_plan.hpp thread_shape, lanes_shape): a thread per voxel in
 #: blocks of 32 threads below 33,792 voxels, groups and warps in blocks of 128 threads ("plainN": N lanes).
 VOXELS_A_BLOCK = {"thread": 32, "warp": 4, "lanes4": 32, "lanes8": 16, "plain8": 16, "plain16": 8, "plain32": 4}

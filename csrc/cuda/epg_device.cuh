@@ -771,6 +771,45 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   });
 }
 
+// A JVP in groups of lanes where no tangent reaches the events and the pulses are uniform over the voxels
+// (event_loop.hpp values_decodable; chosen by the launch plan: launch_rules.hpp jvp_values): each voxel
+// steps the entries the launch decoded once (EventCode: values, folds, the pulse's rotation, the sample's
+// demodulation) and turns its dual states by real rotations (kValues), where forward_warp_kernel's voxels
+// load each event's values and form its rotation from dual angles, an MRF repetition three steps where a
+// fold is one. No block barrier: whole warps past the last voxel return.
+template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
+__global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>()))
+    forward_values_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
+  static_assert(Num<N>::P > 0 && LAYOUT == kPlain, "the plain JVP's groups (launch_rules.hpp jvp_values)");
+  const int lane = threadIdx.x & (LANES - 1);
+  const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
+  if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps
+  const int64_t v = group < V ? group : V - 1;
+  if (group >= V) io.signal = io.signal_tan = nullptr;
+  Problem<R> pb = pb_in;
+  apply_layout<LAYOUT>(pb);
+  drop_pulse_rows(pb);  // (values_decodable)
+  S work[layout_planes(LAYOUT) * KPL];
+  const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
+  zero_state(x);
+  if (lane == 0) x.z(0)[0] = S(1);
+  io.base = v * pb.S;
+  const Voxel<N> t = load_voxel<N>(pb, v);
+  const WarpShift shift{lane, pb.K, LANES};
+  Deferral defer;  // plain: the shifts commute with intervals
+  const auto* const codes = static_cast<const EventCode<R>*>(pb.event_codes);
+  for (int64_t i = 0, rep = 0, e = 0, n = pb.E * pb.reps; i < n;) {  // the folds' heads (event 0 is one)
+    const auto ev = decoded_event<N>(pb, codes, rep, e, true);
+    const int64_t steps = codes[e].span;
+    i += steps;
+    if ((e += steps) == pb.E) {
+      e = 0;
+      ++rep;
+    }
+    step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), &defer);
+  }
+}
+
 // Adjoint with LANES lanes per voxel: a warp (32, one or two orders a lane) or a group of 8 or 4 lanes (pool
 // model 0 up to 32 orders: 4 or 8 orders a lane, so a warp carries 4 or 8 voxels and each event's scalar
 // work, relaxation factors and rotation, is shared by them where a warp per voxel repeats it on 32 lanes

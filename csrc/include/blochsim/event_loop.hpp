@@ -966,7 +966,8 @@ BS_HD void vjp_voxel(const Problem<R>& pb, int64_t v, const Voxel<N>& t, Ref<S> 
         --rep;
       }
       const auto ev = event(rep, e);
-      if (passes_over_states(ev.action)) --slot;  // (elsewhere the slot named is not read)
+      if (passes_over_states(ev.action) && --slot > 0)  // (elsewhere the slot named is not read)
+        prefetch_state(replay(slot - 1));  // the pass before's, read at the next pass back
       if (samples_kept(ev)) --sampled;
       step_adjoint(pb, v, t, ev, replay(slot), kept(slot), samples + int64_t(sampled) * pb.nt, tmp, l, io, g, eg, tg,
                    shift, shift_adjoint);
@@ -1314,6 +1315,7 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       const PlainEvent<N> pe = events.at(ev, demod);
       const bool pass = passes_over_states(pe.action);
       if (!pass && pe.record < 0) continue;  // nothing to undo
+      if (pass && slot_of[j] > 0) prefetch_state(slot(slot_of[j] - 1));  // the pass before's (prefetch_state)
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two
       // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.

@@ -95,6 +95,12 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
       return;
     }
   }
+  if constexpr (Num<N>::P > 0 && kJvpOfOneOrTwo<N>) {
+    if (jvp_values<N, S>(pb, V)) {  // on the launch's decoded entries (launch_forward decoded them)
+      launcher.start(ForwardValues<N, S, 4, kPlain, 8>(), shape, pb, V, io);
+      return;
+    }
+  }
   if constexpr (!std::is_same<N, S>::value && kJvpOfOneOrTwo<N>) {
     if (lanes == 8) {  // a complex plain JVP in groups of 8 (launch_rules.hpp jvp_groups)
       launcher.start(ForwardLanes<N, S, 4, kPlain, 8>(), shape, pb, V, io);
@@ -167,6 +173,14 @@ void launch_forward(const Launcher& launcher, const Problem<R>& pb_in, int64_t V
       launcher.start(JoinChunks<N>(), LaunchShape{static_cast<unsigned>((chunks - 1 + 127) / 128), 128, 0, 0}, table,
                      chunks);
     pb.events = table;
+  }
+  if constexpr (warp_kernels && Num<N>::P > 0) {  // the JVP's entries, decoded once (launch_rules.hpp jvp_values)
+    if (pb.E > 0 && jvp_values<N, S>(pb, V)) {
+      using Path = typename std::conditional<std::is_same<N, S>::value, R, Cx<R>>::type;  // (the rotation's phase)
+      auto* const codes = scratch_from<EventCode<R>>(scratch, forward_state_bytes<N, S>(pb, V));
+      launcher.start(DecodeGeneralEvents<R, Path>(), LaunchShape{unsigned((pb.E + 127) / 128), 128, 0, 0}, pb, codes);
+      pb.event_codes = codes;
+    }
   }
   if constexpr (warp_kernels) {
     const int lanes = forward_lanes<N, S>(pb, V);

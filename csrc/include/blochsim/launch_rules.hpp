@@ -159,6 +159,20 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
   return V <= (pb.tabulated ? 8000 : 5000) ? 8 : 4;
 }
+// Whether a JVP launch in the plain groups of 8 (jvp_groups) reads the entries the launch decoded once
+// (epg_device.cuh forward_values_kernel; event_loop.hpp EventCode): in the library with the warp kernels,
+// where no tangent reaches the events and the pulses are uniform over the voxels (event_loop.hpp
+// values_decodable: a Jacobian along tissue properties, B1 uniform). Its dual states are then turned by real
+// rotations and an MRF repetition is one step, where each voxel loaded every event and formed its rotation
+// from dual angles.
+template <class N, class S, class R>
+inline bool jvp_values(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
+  if constexpr (Num<N>::P > 0 && kJvpOfOneOrTwo<N>) {
+    return warp_kernels && values_decodable(pb) && forward_lanes<N, S>(pb, V) == 8 && jvp_groups<N, S>(pb);
+  } else {
+    return false;
+  }
+}
 inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 
 // Adjoints (VJP, VJP-JVP) take a warp per voxel too (each lane its own checkpoints and, with pool tables,
@@ -352,12 +366,13 @@ inline int64_t pulse_pairs_offset(const Problem<R>& pb, int64_t V) {
   return forward_state_bytes<N, S>(pb, V) + (event_table_bytes<N>(pb) + 255) / 256 * 256;
 }
 // The states, then (the library with the warp kernels, value forwards) the decoded events and the pulses'
-// rotations.
+// rotations, or (jvp_values) the JVP's decoded entries.
 template <class N, class S, class R>
 inline int64_t forward_scratch_bytes(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   const bool table = warp_kernels && Num<N>::P == 0;
   if (forward_pairs<N, S>(pb, V, warp_kernels))
     return pulse_pairs_offset<N, S>(pb, V) + int64_t(sizeof(R)) * kPairReals * pulse_pair_count(pb);
+  if (jvp_values<N, S>(pb, V, warp_kernels)) return forward_state_bytes<N, S>(pb, V) + event_code_bytes(pb);
   return forward_state_bytes<N, S>(pb, V, warp_kernels) + (table ? event_table_bytes<N>(pb) : 0);
 }
 

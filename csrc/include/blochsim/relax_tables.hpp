@@ -39,6 +39,24 @@ BS_HD void copy_state(State<S> dst, State<S> src) {
   BS_UNROLL
   for (int64_t i = 0; i < n; ++i) dst.base[i] = src.base[i];
 }
+// Asks the card to bring a kept state into its L1 before a walk reads it (elsewhere nothing). A state in a
+// thread's device scratch (epg_device.cuh thread_scratch: stride 32, the warp's lanes interleaved) is one
+// block of the warp's: each lane asks for every 32nd of its 128-byte lines, one request a lane where a
+// group's state spans 32 lines or fewer. The backward walks read each pass's replayed state a step after
+// this asks for it; read cold, it came from L2 or DRAM at the head of the step, the warp waiting on it.
+template <class S>
+BS_HD void prefetch_state(State<S> x) {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__)
+  if (x.base.st != 32) return;
+  const int lane = threadIdx.x & 31;
+  const char* const block = reinterpret_cast<const char*>(x.base.p - lane);
+  const int64_t lines = (x.planes() * x.K * 32 * int64_t(sizeof(S)) + 127) / 128;
+  for (int64_t line = lane; line < lines; line += 32)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(block + 128 * line));
+#else
+  (void)x;
+#endif
+}
 template <class S>
 BS_HD void zero_state(State<S> x) {
   const int64_t n = x.planes() * x.K;
