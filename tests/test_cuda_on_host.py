@@ -226,6 +226,9 @@ def test_pool_second_order_groups_match_host(pools, forced, states, card, monkey
     # kernel (launch_plan.hpp start_adjoint_lanes)
     second_order = card.kernels["bs_epg_vjp_jvp"]
     assert "vjp_values_kernel" in second_order and "vjp_warp_kernel" not in second_order, second_order
+    # and the Jacobian's warp on the launch's decoded values (launch_rules.hpp jvp_values: the real path)
+    jvp = card.kernels["bs_epg_jvp"]
+    assert "forward_values_kernel" in jvp and "forward_warp_kernel" not in jvp, jvp
 
 
 @pytest.mark.parametrize("b1", ("map", "one value"))
@@ -268,6 +271,21 @@ def test_jvp_on_decoded_values_matches_host(b1, quadratic, card, monkeypatch):
     assert ("forward_values_kernel" in started) == values and ("forward_warp_kernel" in started) != values, started
     if values:
         assert card.voxels_a_block["bs_epg_jvp"] == {VOXELS_A_BLOCK["lanes8"]}, card.voxels_a_block
+
+
+@pytest.mark.parametrize("quadratic", (False, True))
+def test_jvp_groups_past_the_warp_are_given_their_scratch(quadratic, card):
+    """The rules' own mapping past 3,000 voxels (no mapping forced): the Jacobian along T1 and T2 in groups of 8
+    on the launch's decoded entries, whose scratch the JVP's query (bs_epg_scratch_bytes) must count, though
+    the widest dual it sizes for (8 tangents) runs a warp there and reads no entries."""
+    n = 3100
+    flips, phases = train(n=4, quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+    host, emulated = on_both(card, lambda: engine.jacobian(d, tissue("cpu", n=n, b0=quadratic), ("t1_ms", "t2_ms"),
+                                                           states=8))
+    assert rel_max_err(emulated[0], host[0]) < 1e-5
+    assert column_rel_err(emulated[1], host[1]) < 1e-4
+    assert "forward_values_kernel" in card.kernels["bs_epg_jvp"], card.kernels
 
 
 #: The voxels a block of each mapping holds (launch_plan.hpp thread_shape, lanes_shape): a thread per voxel in

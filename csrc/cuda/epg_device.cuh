@@ -771,7 +771,7 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   });
 }
 
-// A JVP in groups of lanes where no tangent reaches the events and the pulses are uniform over the voxels
+// A JVP in groups of lanes or a warp where no tangent reaches the events and the pulses are uniform over the voxels
 // (event_loop.hpp values_decodable; chosen by the launch plan: launch_rules.hpp jvp_values): each voxel
 // steps the entries the launch decoded once (EventCode: values, folds, the pulse's rotation, the sample's
 // demodulation) and turns its dual states by real rotations (kValues), where forward_warp_kernel's voxels
@@ -780,7 +780,8 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>()))
     forward_values_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
-  static_assert(Num<N>::P > 0 && LAYOUT == kPlain, "the plain JVP's groups (launch_rules.hpp jvp_values)");
+  static_assert(Num<N>::P > 0, "a JVP (launch_rules.hpp jvp_values)");
+  constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
   if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps
@@ -792,11 +793,13 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   S work[layout_planes(LAYOUT) * KPL];
   const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
   zero_state(x);
-  if (lane == 0) x.z(0)[0] = S(1);
+  if (lane == 0)
+    for (int q = 0; q < x.nl; ++q) x.z(q)[0] = TAB ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};
   Deferral defer;  // plain: the shifts commute with intervals
+  Deferral* const deferred = LAYOUT == kPlain ? &defer : nullptr;
   const auto* const codes = static_cast<const EventCode<R>*>(pb.event_codes);
   for (int64_t i = 0, rep = 0, e = 0, n = pb.E * pb.reps; i < n;) {  // the folds' heads (event 0 is one)
     const auto ev = decoded_event<N>(pb, codes, rep, e, true);
@@ -806,7 +809,7 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
       e = 0;
       ++rep;
     }
-    step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), &defer);
+    step_forward(pb, v, t, ev, x, &io, shift, static_cast<const State<S>*>(nullptr), deferred);
   }
 }
 

@@ -1315,7 +1315,6 @@ BS_HD void vjp_voxel_plain(const Problem<R>& pb, int64_t v, const Voxel<N>& t, S
       const PlainEvent<N> pe = events.at(ev, demod);
       const bool pass = passes_over_states(pe.action);
       if (!pass && pe.record < 0) continue;  // nothing to undo
-      if (pass && slot_of[j] > 0) prefetch_state(slot(slot_of[j] - 1));  // the pass before's (prefetch_state)
       // Its scratch state (shifts carried ahead of a pass) is l_kept's, free here: in the store beside the
       // state it shifts, not in the caller's registers, which a runtime choice between the two
       // (step_adjoint_plain's `in`) would put in memory. An event that only samples reads its kept f0.

@@ -96,7 +96,7 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
     }
   }
   if constexpr (Num<N>::P > 0 && kJvpOfOneOrTwo<N>) {
-    if (jvp_values<N, S>(pb, V)) {  // on the launch's decoded entries (launch_forward decoded them)
+    if (lanes == 8 && jvp_values<N, S>(pb, V)) {  // on the launch's decoded entries (launch_forward decoded them)
       launcher.start(ForwardValues<N, S, 4, kPlain, 8>(), shape, pb, V, io);
       return;
     }
@@ -118,8 +118,16 @@ void launch_forward_lanes(const Launcher& launcher, const Problem<R>& pb, int64_
   }
   if constexpr (kJvpOfOneOrTwo<N>) {
     if (fixed_pool_warp<N>(pb)) {  // a JVP of one or two tangents, its pool counts compiled (up to 32 orders)
+      const bool values = jvp_values<N, S>(pb, V);  // (the real path: on the launch's decoded entries)
       with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
-        launcher.start(ForwardLanes<N, S, 1, decltype(layout)::value, 32>(), shape, pb, V, io);
+        constexpr int L = decltype(layout)::value;
+        if constexpr (std::is_same<N, S>::value) {
+          if (values) {
+            launcher.start(ForwardValues<N, S, 1, L, 32>(), shape, pb, V, io);
+            return;
+          }
+        }
+        launcher.start(ForwardLanes<N, S, 1, L, 32>(), shape, pb, V, io);
       });
       return;
     }

@@ -159,16 +159,18 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   if (!pb.tabulated && std::is_same<N, S>::value) return V <= 6000 || !plain_orders(pb) ? 4 : 1;
   return V <= (pb.tabulated ? 8000 : 5000) ? 8 : 4;
 }
-// Whether a JVP launch in the plain groups of 8 (jvp_groups) reads the entries the launch decoded once
-// (epg_device.cuh forward_values_kernel; event_loop.hpp EventCode): in the library with the warp kernels,
-// where no tangent reaches the events and the pulses are uniform over the voxels (event_loop.hpp
-// values_decodable: a Jacobian along tissue properties, B1 uniform). Its dual states are then turned by real
-// rotations and an MRF repetition is one step, where each voxel loaded every event and formed its rotation
-// from dual angles.
+// Whether a JVP launch in the plain groups of 8 (jvp_groups) or, on the real path, the fixed pools' warp
+// (fixed_pool_warp) reads the entries the launch decoded once (epg_device.cuh forward_values_kernel;
+// event_loop.hpp EventCode): in the library with the warp kernels, where no tangent reaches the events and
+// the pulses are uniform over the voxels (event_loop.hpp values_decodable: a Jacobian along tissue
+// properties, B1 uniform). Its dual states are then turned by real rotations and an MRF repetition is one
+// step, where each voxel loaded every event and formed its rotation from dual angles.
 template <class N, class S, class R>
 inline bool jvp_values(const Problem<R>& pb, int64_t V, bool warp_kernels = true) {
   if constexpr (Num<N>::P > 0 && kJvpOfOneOrTwo<N>) {
-    return warp_kernels && values_decodable(pb) && forward_lanes<N, S>(pb, V) == 8 && jvp_groups<N, S>(pb);
+    if (!warp_kernels || !values_decodable(pb)) return false;
+    const int lanes = forward_lanes<N, S>(pb, V);
+    return (lanes == 8 && jvp_groups<N, S>(pb)) || (lanes == 32 && std::is_same<N, S>::value && fixed_pool_warp<N>(pb));
   } else {
     return false;
   }
