@@ -42,8 +42,11 @@ BS_HD void copy_state(State<S> dst, State<S> src) {
 // Asks the card to bring a kept state into its L1 before a walk reads it (elsewhere nothing). A state in a
 // thread's device scratch (epg_device.cuh thread_scratch: stride 32, the warp's lanes interleaved) is one
 // block of the warp's: each lane asks for every 32nd of its 128-byte lines, one request a lane where a
-// group's state spans 32 lines or fewer. The backward walks read each pass's replayed state a step after
-// this asks for it; read cold, it came from L2 or DRAM at the head of the step, the warp waiting on it.
+// group's state spans 32 lines or fewer. The general backward walks (event_loop.hpp vjp_voxel) read each
+// pass's replayed state a step after this asks for it; read cold, it came from L2 or DRAM at the head of the
+// step, the warp waiting on it (H100, the complex gradient at 20k: 0.96-0.98 of its time without). The plain
+// walks' launches are held by their bytes, and there it only added to them (the real gradient at 100k 1.19
+// times its time without): docs/design.md, "The 25th session".
 template <class S>
 BS_HD void prefetch_state(State<S> x) {
 #if defined(__CUDACC__) && defined(__CUDA_ARCH__)
