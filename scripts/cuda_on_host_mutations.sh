@@ -53,7 +53,7 @@ csrc/include/blochsim/launch_plan.hpp|s/    if (values_decodable(pb)) {/    if (
 csrc/include/blochsim/launch_rules.hpp|s/  const bool complex_plain = std::is_same<S, Cx<N>>::value \&\& !per_voxel_pulses(pb);/  const bool complex_plain = false;/|first_and_second and lanes8
 csrc/include/blochsim/number.hpp|/operator\*(const Cx<Dual<R, P>>& a, const Cx<R>& b)/,/^}/ s/a.re \* b.im + a.im \* b.re/a.re * b.im - a.im * b.re/|first_and_second and auto
 csrc/include/blochsim/epg.hpp|s/return Cx<N>(N(ev.value_turn->re), N(ev.value_turn->im));/return Cx<N>(N(ev.value_turn->re), -N(ev.value_turn->im));/|first_and_second and auto
-csrc/include/blochsim/launch_rules.hpp|s/    if (!warp_kernels || !values_decodable(pb)) return false;/    return false;/|jvp_on_decoded or pool_second_order
+csrc/include/blochsim/launch_rules.hpp|s/    if (!warp_kernels .* !values_decodable(pb)) return false;/    return false;/|jvp_on_decoded or pool_second_order
 csrc/cuda/epg_device.cuh|/forward_values_kernel(const Problem<R> pb_in/,/^}/ s/    const int64_t steps = codes\[e\].span;/    const int64_t steps = 1;/|jvp_on_decoded
 MUTATIONS
 exit $status
