@@ -2,7 +2,8 @@
 
 Each case builds `MRFSimulator(flip=..., TR=10.0, states=32)` once, with the tissue maps on the device; a
 `_grad` case creates its flips on the device with requires_grad and calls `backward()` on sum |signal|^2;
-an `_hvp` case takes `sim.jacobian(("T1", "T2"), flip=f, ...)` and calls `backward()` on sum |J|^2. The
+an `_hvp` case takes `sim.jacobian(("T1", "T2"), flip=f, ...)` and calls `backward()` on sum |J|^2 (a `_jac`
+case, named with --cases, the Jacobian alone: the HVP's first half). The
 trains and tissue are those of kernel_cases.py (500 TRs for `epg_*`, quadratic RF phases for `complex`;
 100 TRs with exchanging and semisolid pools for `pooled*`). Per case: the first call, the median of
 `--repeats` calls after one more, and the peak torch allocation over all of them
@@ -79,6 +80,11 @@ def case_fn(name: str, n: int, device):
             (sim.simulate(flip=f, **values).abs() ** 2).sum().backward()
             return f.grad
         return grad
+    if kind == "jac":
+        def jac():  # the _hvp case's first half: the Jacobian alone, the flips requiring grad as there
+            f = flips.to(device, copy=True).requires_grad_()
+            return sim.jacobian(("T1", "T2"), flip=f, **values)[1]
+        return jac
     if kind == "hvp":
         def hvp():
             f = flips.to(device, copy=True).requires_grad_()
@@ -92,7 +98,7 @@ def case_fn(name: str, n: int, device):
 def forward_of(name: str) -> str | None:
     """The value forward of a derivative case (epg_real_grad -> epg_real); None for a forward."""
     family, _, kind = name.rpartition("_")
-    return family if kind in ("grad", "hvp") else None
+    return family if kind in ("grad", "jac", "hvp") else None
 
 
 def with_forwards(cases: list) -> list:

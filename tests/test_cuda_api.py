@@ -188,6 +188,54 @@ def test_an_hvp_past_the_warp_on_the_card_matches_the_host(path):
     assert rel_max_err(h_flip, h_flip_host) < 1e-3 and rel_max_err(h_t1, h_t1_host) < 1e-3
 
 
+#: Pool properties by public name, one value for every tissue (the layouts compiled fixed, launch_rules.hpp
+#: with_fixed_pools): two exchanging pools and a semisolid (2, 3), as the benchmarks' `pooled`; two
+#: exchanging pools (2, 2), as `pooledb`.
+FIXED_POOLS = {
+    "2-3": dict(poolB_fraction=0.15, poolB_exchange=10.0, poolB_T1=500.0, poolB_T2=20.0, bound_fraction=0.1,
+                bound_exchange=4.3, bound_T1=1000.0),
+    "2-2": dict(poolB_fraction=0.15, poolB_exchange=10.0, poolB_T1=500.0, poolB_T2=20.0),
+}
+
+
+@pytest.mark.parametrize("pools", tuple(FIXED_POOLS))
+def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
+    """MRFSimulator with 4,000 pooled tissues (pool properties one value each, as the benchmarks' pooled
+    cases), its flips, TR and maps created on the card, real path: the (T1, T2) Jacobian takes the fixed pools'
+    JVP warp on the launch's decoded entries (launch_rules.hpp jvp_values), the backward of sum |J|^2 the fixed
+    pools' second order, and the flip gradient of sum |signal|^2 their first-order adjoint. J per column, the
+    flip and T1 derivatives at their own scales, against the same calls on the host (float32 kernels both
+    sides: 1e-4 for J and the first derivatives, 1e-3 for the second order's, as the module's bounds)."""
+    from conftest import column_rel_err, rel_max_err
+
+    from blochsim.simulators import MRFSimulator
+
+    n = 4000
+    sim = MRFSimulator(states=32)
+    g = torch.Generator().manual_seed(6)
+    t1_host, t2_host = 300.0 + 2000.0 * torch.rand(n, generator=g), 20.0 + 100.0 * torch.rand(n, generator=g)
+    flips_host = torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
+
+    def derivatives(device: str):
+        pool = {name: torch.tensor(value, device=device) for name, value in FIXED_POOLS[pools].items()}
+        given = dict(TR=torch.tensor(P.TR_MS, device=device), T2=t2_host.to(device), **pool)
+        flips = flips_host.to(device).requires_grad_()  # created where the user creates them
+        (sim.simulate(flip=flips, T1=t1_host.to(device), **given).abs() ** 2).sum().backward()
+        g_flip = flips.grad.cpu()
+        flips = flips_host.to(device).requires_grad_()
+        t1 = t1_host.to(device).requires_grad_()
+        _, jac = sim.jacobian(("T1", "T2"), flip=flips, T1=t1, **given)
+        (jac.abs() ** 2).sum().backward()
+        assert jac.device.type == flips.grad.device.type == t1.grad.device.type == device
+        return jac.detach().cpu(), g_flip, flips.grad.cpu(), t1.grad.cpu()
+
+    (jac, g_flip, h_flip, h_t1), (jac_host, g_flip_host, h_flip_host, h_t1_host) = (
+        derivatives("cuda"), derivatives("cpu"))
+    assert column_rel_err(jac, jac_host) < 1e-4
+    assert rel_max_err(g_flip, g_flip_host) < 1e-4
+    assert rel_max_err(h_flip, h_flip_host) < 1e-3 and rel_max_err(h_t1, h_t1_host) < 1e-3
+
+
 def test_every_shipped_simulator_has_a_case():
     """A simulator added to blochsim.simulators without a case in tests/_every_simulator.py fails here."""
     assert every.missing_cases() == []
