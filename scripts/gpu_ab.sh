@@ -18,6 +18,9 @@
 # Each run writes its record under $OUT/ab/<library>[-s<stride>|-m<MiB>]-r<round>/ with
 # BLOCHSIM_RECORD_COMMIT set to COMMIT[-variant], and the script prints every run's table. BUILD_ONLY=1 stops
 # after the builds (a call of its own where the builds and the runs would not fit one call's time).
+# PREBUILT=dir builds nothing: each library (base and every variant) is dir/<name>/libblochsim_cuda.so[.xz],
+# built elsewhere and carried with the call (an xz'd library is ~18 MB: three fit the carry beside the tree),
+# the host library dir/cpu/libblochsim_cpu.so[.xz]; .xz files are decompressed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/blochsim-ab}
@@ -26,7 +29,12 @@ commit=${COMMIT:-nogit}
 rounds=${ROUNDS:-2}
 root=$PWD
 
-libdir() { [ "$1" = base ] && echo "$root/build/gpu" || echo "$root/build/gpu-ab/$1"; }
+prebuilt=${PREBUILT:-}
+[ -n "$prebuilt" ] && [[ $prebuilt != /* ]] && prebuilt=$root/$prebuilt
+libdir() {
+  if [ -n "$prebuilt" ]; then echo "$prebuilt/$1"; elif [ "$1" = base ]; then echo "$root/build/gpu";
+  else echo "$root/build/gpu-ab/$1"; fi
+}
 build() {  # build <name> <source dir>
   local dir
   dir=$(libdir "$1")
@@ -46,13 +54,17 @@ variant_tree() {  # variant_tree <name> -> prints the source dir
   echo "$src"
 }
 
-build base "$root" || exit 1
-libraries=(base)
-for name in ${VARIANTS:-}; do
-  src=$(variant_tree "$name") || { echo "variant $name: the patch does not apply"; exit 1; }
-  build "$name" "$src" || exit 1
-  libraries+=("$name")
-done
+libraries=(base ${VARIANTS:-})
+if [ -n "$prebuilt" ]; then
+  find "$prebuilt" -name '*.so.xz' -exec xz -d -f -k {} \;
+  cpu_library=$prebuilt/cpu/libblochsim_cpu.so
+else
+  build base "$root" || exit 1
+  for name in ${VARIANTS:-}; do
+    src=$(variant_tree "$name") || { echo "variant $name: the patch does not apply"; exit 1; }
+    build "$name" "$src" || exit 1
+  done
+fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -65,7 +77,7 @@ run() {  # run <library> <tag> [api_cases arguments...]
   echo "== $tag"
   local dir
   dir=$(libdir "$lib")
-  BLOCHSIM_CPU_LIBRARY=$dir/libblochsim_cpu.so BLOCHSIM_CUDA_LIBRARY=$dir/libblochsim_cuda.so \
+  BLOCHSIM_CPU_LIBRARY=${cpu_library:-$dir/libblochsim_cpu.so} BLOCHSIM_CUDA_LIBRARY=$dir/libblochsim_cuda.so \
     BLOCHSIM_RECORD_COMMIT="$commit$suffix" PYTHONPATH=$root \
     python3 benchmarks/api_cases.py --device cuda ${CASES:+--cases $CASES} ${N:+--n $N} \
     --out "$out/ab/$tag" "$@" 2>&1
