@@ -23,6 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+from blochsim._benchmark_cases import POOLS as BENCHMARK_POOLS
+from blochsim.model import PUBLIC_FIELDS
+
 pytestmark = pytest.mark.cuda  # skipped without a card and a CUDA build (conftest)
 
 
@@ -123,6 +126,14 @@ def test_a_resolved_call_does_not_wait_for_the_card():
     assert np.isfinite(signal.abs().max().item())
 
 
+def many_tissues(n: int, seed: int) -> tuple:
+    """(T1, T2) of n tissues on the host, T1 300-2300 ms and T2 20-120 ms uniform (seeded), and the module's
+    flips as float32: the large cases' tissue and train, moved to the card by each test as users do."""
+    g = torch.Generator().manual_seed(seed)
+    t1, t2 = 300.0 + 2000.0 * torch.rand(n, generator=g), 20.0 + 100.0 * torch.rand(n, generator=g)
+    return t1, t2, torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
+
+
 def test_a_large_real_gradient_on_the_card_matches_the_host():
     """MRFSimulator with 12,000 tissues, its flips and maps created on the card: the real path's first-order
     adjoint runs the plain scheme in groups of 4 lanes a voxel at this size, its states in registers
@@ -134,11 +145,8 @@ def test_a_large_real_gradient_on_the_card_matches_the_host():
 
     from blochsim.simulators import MRFSimulator
 
-    n = 12000
     sim = MRFSimulator(states=32)
-    g = torch.Generator().manual_seed(3)
-    t1_host, t2_host = 300.0 + 2000.0 * torch.rand(n, generator=g), 20.0 + 100.0 * torch.rand(n, generator=g)
-    flips_host = torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
+    t1_host, t2_host, flips_host = many_tissues(12000, seed=3)
 
     def gradients(device: str):
         flips = flips_host.to(device).requires_grad_()  # created where the user creates them
@@ -166,11 +174,8 @@ def test_an_hvp_past_the_warp_on_the_card_matches_the_host(path):
 
     from blochsim.simulators import MRFSimulator
 
-    n = 4000
     sim = MRFSimulator(states=32)
-    g = torch.Generator().manual_seed(5)
-    t1_host, t2_host = 300.0 + 2000.0 * torch.rand(n, generator=g), 20.0 + 100.0 * torch.rand(n, generator=g)
-    flips_host = torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
+    t1_host, t2_host, flips_host = many_tissues(4000, seed=5)
     quadratic = torch.tensor([117.0 * k * (k + 1) / 2 for k in range(len(P.FLIPS_DEG))])
     phases_host = quadratic if path == "complex" else torch.zeros(len(P.FLIPS_DEG))
 
@@ -188,14 +193,11 @@ def test_an_hvp_past_the_warp_on_the_card_matches_the_host(path):
     assert rel_max_err(h_flip, h_flip_host) < 1e-3 and rel_max_err(h_t1, h_t1_host) < 1e-3
 
 
-#: Pool properties by public name, one value for every tissue (the layouts compiled fixed, launch_rules.hpp
-#: with_fixed_pools): two exchanging pools and a semisolid (2, 3), as the benchmarks' `pooled`; two
-#: exchanging pools (2, 2), as `pooledb`.
-FIXED_POOLS = {
-    "2-3": dict(poolB_fraction=0.15, poolB_exchange=10.0, poolB_T1=500.0, poolB_T2=20.0, bound_fraction=0.1,
-                bound_exchange=4.3, bound_T1=1000.0),
-    "2-2": dict(poolB_fraction=0.15, poolB_exchange=10.0, poolB_T1=500.0, poolB_T2=20.0),
-}
+#: The benchmarks' pool families (blochsim._benchmark_cases.POOLS) by public name, one value for every tissue
+#: (layouts compiled fixed, launch_rules.hpp with_fixed_pools): `pooled`, two exchanging pools and a semisolid
+#: (2, 3); `pooledb`, two exchanging pools (2, 2).
+FIXED_POOLS = {family: {public: BENCHMARK_POOLS[family][field] for public, field in PUBLIC_FIELDS.items()
+                        if field in BENCHMARK_POOLS[family]} for family in ("pooled", "pooledb")}
 
 
 @pytest.mark.parametrize("pools", tuple(FIXED_POOLS))
@@ -210,11 +212,8 @@ def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
 
     from blochsim.simulators import MRFSimulator
 
-    n = 4000
     sim = MRFSimulator(states=32)
-    g = torch.Generator().manual_seed(6)
-    t1_host, t2_host = 300.0 + 2000.0 * torch.rand(n, generator=g), 20.0 + 100.0 * torch.rand(n, generator=g)
-    flips_host = torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
+    t1_host, t2_host, flips_host = many_tissues(4000, seed=6)
 
     def derivatives(device: str):
         pool = {name: torch.tensor(value, device=device) for name, value in FIXED_POOLS[pools].items()}
