@@ -80,15 +80,15 @@ def case_fn(name: str, n: int, device):
             (sim.simulate(flip=f, **values).abs() ** 2).sum().backward()
             return f.grad
         return grad
+    def jacobian():  # the flips requiring grad, created on the device, and the (T1, T2) Jacobian
+        f = flips.to(device, copy=True).requires_grad_()
+        return f, sim.jacobian(("T1", "T2"), flip=f, **values)[1]
+
     if kind == "jac":
-        def jac():  # the _hvp case's first half: the Jacobian alone, the flips requiring grad as there
-            f = flips.to(device, copy=True).requires_grad_()
-            return sim.jacobian(("T1", "T2"), flip=f, **values)[1]
-        return jac
+        return lambda: jacobian()[1]  # the _hvp case's first half
     if kind == "hvp":
         def hvp():
-            f = flips.to(device, copy=True).requires_grad_()
-            _, jac = sim.jacobian(("T1", "T2"), flip=f, **values)
+            f, jac = jacobian()
             (jac.abs() ** 2).sum().backward()
             return f.grad
         return hvp

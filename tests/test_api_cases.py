@@ -1,5 +1,5 @@
-"""benchmarks/api_cases.py's cases on the host: the `_jac` case is the `_hvp` case's first half, timed beside
-its forward."""
+"""benchmarks/api_cases.py's cases on the host: the `_jac` case (the `_hvp` case's first half) and the
+forward timed before each derivative."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from api_cases import case_fn, with_forwards  # noqa: E402
 
 
-def test_the_jacobian_case_is_the_hvps_first_half():
+def test_the_jacobian_and_hvp_cases_give_their_derivatives():
     device = torch.device("cpu")
     jac = case_fn("epg_complex_jac", 3, device)()
     flips = case_fn("epg_complex_hvp", 3, device)()  # the flip gradient of sum |J|^2 of that Jacobian
