@@ -45,6 +45,10 @@ METRICS = {
     "launch__sm_count": "sms",
 }
 SCHEDULERS_PER_SM = 4
+#: With --stalls, what each warp waited on (ncu's warp-state counters: cycles stalled per instruction issued,
+#: by reason), kept per kernel as stall_<reason>.
+STALLS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+_STALL_PREFIX, _STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
 
 
 def child(case: str, n: int) -> None:
@@ -62,11 +66,12 @@ def child(case: str, n: int) -> None:
     torch.cuda.profiler.stop()
 
 
-def profile(case: str, n: int, ncu: str) -> list[dict]:
-    """Per kernel of the case's third call: its counters (METRICS' names)."""
+def profile(case: str, n: int, ncu: str, stalls: bool = False) -> list[dict]:
+    """Per kernel of the case's third call: its counters (METRICS' names; with `stalls`, STALLS' too)."""
+    metrics = [*METRICS, STALLS] if stalls else list(METRICS)
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "ncu.csv"
-        subprocess.run([ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv",
+        subprocess.run([ncu, "--profile-from-start", "off", "--metrics", ",".join(metrics), "--csv",
                         "--print-units", "base", "--log-file", str(log), sys.executable, __file__, "--child",
                         f"{case}:{n}"], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                             [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])})
@@ -79,11 +84,22 @@ def kernel_counters(text: str) -> list[dict]:
     kernels: dict[str, dict] = {}
     for row in csv.DictReader(io.StringIO("\n".join(rows))):
         k = kernels.setdefault(row["ID"], {"kernel": row["Kernel Name"].split("(")[0].replace("void ", "")})
+        metric = row["Metric Name"]
+        if metric.startswith(_STALL_PREFIX) and metric.endswith(_STALL_SUFFIX):
+            name = "stall_" + metric[len(_STALL_PREFIX):-len(_STALL_SUFFIX)]
+        else:
+            name = METRICS[metric]
         try:
-            k[METRICS[row["Metric Name"]]] = float(row["Metric Value"].replace(",", ""))
+            k[name] = float(row["Metric Value"].replace(",", ""))
         except ValueError:  # (n/a: a counter this launch lacks)
-            k[METRICS[row["Metric Name"]]] = 0.0
+            k[name] = 0.0
     return list(kernels.values())
+
+
+def top_stalls(kernel: dict, count: int = 5) -> str:
+    """The kernel's largest stall reasons, cycles a warp waited per instruction it issued."""
+    stalls = sorted(((v, k[6:]) for k, v in kernel.items() if k.startswith("stall_")), reverse=True)[:count]
+    return ", ".join(f"{name} {v:.1f}" for v, name in stalls)
 
 
 def summary(kernels: list[dict], bandwidth: float) -> dict:
@@ -102,6 +118,8 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=3.35e12, help="the card's DRAM peak, bytes/s")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "profile",
                         help="the directory of the record (per-kernel counts and summaries)")
+    parser.add_argument("--stalls", action="store_true",
+                        help="also what the warps waited on (ncu's warp-state counters), per kernel")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -124,7 +142,7 @@ def main() -> None:
         case, n = spec.split(":")
         for name in (forward_of(case), case):
             try:
-                kernels = profile(name, int(n), ncu)
+                kernels = profile(name, int(n), ncu, args.stalls)
             except subprocess.CalledProcessError as failed:
                 print(f"{name:<18}{n:>8}  ncu failed (exit {failed.returncode})", flush=True)
                 continue
@@ -136,6 +154,9 @@ def main() -> None:
                                for k in sorted(kernels, key=lambda k: -k.get("ns", 0))[:4])
             print(f"{name:<18}{n:>8}{s['gpu_ms']:>9.2f}{s['dram_bytes'] / 1e6:>10.0f}{s['byte_floor_ms']:>11.2f}"
                   f"{s['issue_floor_ms']:>12.2f}{s['launches']:>9}  {detail}", flush=True)
+            if args.stalls:
+                for k in sorted(kernels, key=lambda k: -k.get("ns", 0))[:2]:
+                    print(f"    stalls of {k['kernel'][:60]}: {top_stalls(k)}", flush=True)
     card = machine_name(torch.device("cuda"))
     record = {"task": "adjoint_bounds", "date": date, "device": card, "torch": torch.__version__,
               "bandwidth": args.bandwidth, "results": results}

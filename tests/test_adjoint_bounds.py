@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from adjoint_bounds import METRICS, kernel_counters, summary  # noqa: E402
+from adjoint_bounds import METRICS, kernel_counters, summary, top_stalls  # noqa: E402
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
@@ -42,3 +42,13 @@ def test_kernel_counters_and_floors():
     # 8e8 + 4e5 warp instructions over 4 schedulers x 100 multiprocessors at 1 GHz
     assert s["issue_floor_ms"] == pytest.approx((8e8 + 4e5) / 4e11 * 1e3)
     assert s["launches"] == 2
+
+
+def test_stall_counters_are_kept_by_reason_and_ranked():
+    stalls = {"smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio": "3.5",
+              "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "0.25",
+              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "1,2"}
+    kernels = kernel_counters(log({"0": ("void bs::vjp_warp_kernel<float>", {**counters("1", "1", "1", "1"),
+                                                                             **stalls})}))
+    assert kernels[0]["stall_short_scoreboard"] == 3.5 and kernels[0]["stall_wait"] == 12.0
+    assert top_stalls(kernels[0], 2) == "wait 12.0, short_scoreboard 3.5"  # (ncu's thousands comma dropped)
