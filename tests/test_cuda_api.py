@@ -218,11 +218,13 @@ def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
     def derivatives(device: str):
         pool = {name: torch.tensor(value, device=device) for name, value in FIXED_POOLS[pools].items()}
         given = dict(TR=torch.tensor(P.TR_MS, device=device), T2=t2_host.to(device), **pool)
-        flips = flips_host.to(device).requires_grad_()  # created where the user creates them
+        # Created where the user creates them, a fresh leaf for each backward: on the host `.to("cpu")` is the
+        # tensor itself, whose .grad would carry the first backward's flip gradient into the second's.
+        flips = flips_host.to(device, copy=True).requires_grad_()
         (sim.simulate(flip=flips, T1=t1_host.to(device), **given).abs() ** 2).sum().backward()
         g_flip = flips.grad.cpu()
-        flips = flips_host.to(device).requires_grad_()
-        t1 = t1_host.to(device).requires_grad_()
+        flips = flips_host.to(device, copy=True).requires_grad_()
+        t1 = t1_host.to(device, copy=True).requires_grad_()
         _, jac = sim.jacobian(("T1", "T2"), flip=flips, T1=t1, **given)
         (jac.abs() ** 2).sum().backward()
         assert jac.device.type == flips.grad.device.type == t1.grad.device.type == device

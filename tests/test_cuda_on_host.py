@@ -288,6 +288,28 @@ def test_jvp_groups_past_the_warp_are_given_their_scratch(quadratic, card):
     assert "forward_values_kernel" in card.kernels["bs_epg_jvp"], card.kernels
 
 
+@pytest.mark.parametrize("along", (("t1_ms", "t2_ms"), ("t1_ms", "b1")))
+@pytest.mark.parametrize("quadratic", (False, True))
+def test_jvp_below_3000_voxels_takes_groups_on_decoded_entries(quadratic, along, card):
+    """The rules' own mapping at 40 voxels (no mapping forced; launch_rules.hpp forward_lanes): a Jacobian
+    whose events carry no tangent (along T1 and T2) takes the groups of 8 on the launch's decoded entries, as
+    past 3,000 voxels; along B1 (a tangent on every pulse) the warp, each voxel forming its own rotations."""
+    flips, phases = train(n=30, quadratic=quadratic)
+    d = mrf_description(flips, 0.01, phases_rad=phases)
+
+    def run():
+        t = TissueProperties(**{**dict(tissue("cpu", n=40, b0=quadratic).items()), "b1": torch.tensor(0.9)})
+        return engine.jacobian(d, t, along, states=32)
+
+    host, emulated = on_both(card, run)
+    assert rel_max_err(emulated[0], host[0]) < 1e-5
+    assert column_rel_err(emulated[1], host[1]) < 1e-4
+    values = along == ("t1_ms", "t2_ms")
+    started = card.kernels["bs_epg_jvp"]
+    assert ("forward_values_kernel" in started) == values and ("forward_warp_kernel" in started) != values, started
+    assert card.voxels_a_block["bs_epg_jvp"] == {VOXELS_A_BLOCK["lanes8" if values else "warp"]}, card.voxels_a_block
+
+
 #: The voxels a block of each mapping holds (launch_plan.hpp thread_shape, lanes_shape): a thread per voxel in
 #: blocks of 32 threads below 33,792 voxels, groups and warps in blocks of 128 threads ("plainN": N lanes).
 VOXELS_A_BLOCK = {"thread": 32, "warp": 4, "lanes4": 32, "lanes8": 16, "plain8": 16, "plain16": 8, "plain32": 4}

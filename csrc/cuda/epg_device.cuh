@@ -126,6 +126,9 @@ __device__ __forceinline__ void apply_layout(Problem<R>& pb) {
     pb.nt = layout_nt(LAYOUT);
     pb.nl = layout_nl(LAYOUT);
   }
+  // The pool layouts are launched for tabulated problems only: a compile-time fact, so the steps' and
+  // equilibrium_state's table reads lose their run-time branch.
+  if constexpr (tabulated_layout(LAYOUT)) pb.tabulated = true;
 }
 
 // Fix the layout at compile time where it is: plain model 0 with KC orders (KC = 0: keep the runtime
@@ -724,7 +727,6 @@ constexpr int group_blocks_per_sm() {
 template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>()))
     forward_warp_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
-  constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
   const bool active = group - (threadIdx.x & 31) / LANES < V;  // whole warps past the last voxel only decode
@@ -734,9 +736,7 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   apply_layout<LAYOUT>(pb);
   S work[layout_planes(LAYOUT) * KPL];
   const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
-  zero_state(x);
-  if (lane == 0)
-    for (int q = 0; q < x.nl; ++q) x.z(q)[0] = TAB ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
+  equilibrium_state<S, N>(pb, v, x);
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};
@@ -781,7 +781,6 @@ template <class N, class S, int KPL, int LAYOUT, int LANES, class R>
 __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>()))
     forward_values_kernel(const Problem<R> pb_in, int64_t V, SampleIO<N> io) {
   static_assert(Num<N>::P > 0, "a JVP (launch_rules.hpp jvp_values)");
-  constexpr bool TAB = tabulated_layout(LAYOUT);
   const int lane = threadIdx.x & (LANES - 1);
   const int64_t group = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / LANES;
   if (group - (threadIdx.x & 31) / LANES >= V) return;  // whole warps
@@ -792,9 +791,7 @@ __global__ void __launch_bounds__(128, (group_blocks_per_sm<N, S, LAYOUT, LANES>
   drop_pulse_rows(pb);  // (values_decodable)
   S work[layout_planes(LAYOUT) * KPL];
   const State<S> x{Ref<S>{work, 1}, KPL, pb.nt, pb.nl, int64_t(lane) * KPL};
-  zero_state(x);
-  if (lane == 0)
-    for (int q = 0; q < x.nl; ++q) x.z(q)[0] = TAB ? S(fetch_table<N>(pb.table_zeq, v, q)) : S(1);
+  equilibrium_state<S, N>(pb, v, x);
   io.base = v * pb.S;
   const Voxel<N> t = load_voxel<N>(pb, v);
   const WarpShift shift{lane, pb.K, LANES};

@@ -147,7 +147,12 @@ inline int forward_lanes(const Problem<R>& pb, int64_t V) {
   // pools: pooled 5k 0.50/1.50, 20k 0.69/6.17, 50k 1.41/13.0; pooled5 5k 1.57/5.09, 20k 3.88/25.0, 50k
   // 7.89/54.2; the 32-lane warp with run-time pools took 1.56 ms for pooled at 2k).
   if (fixed_pools<N>(pb)) return 4;
-  if (V <= 3000) return 32;
+  // A JVP whose events carry no tangent (values_decodable) takes the groups of 8 on the launch's decoded
+  // entries (jvp_values) at every size: the warp's crossing at 3,000 voxels was measured before they read them.
+  // H100, the Jacobian alone at 2k through the API, two rounds alternated, ms, the warp / the groups
+  // (benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-07-s27-{H,R}-small-r*.json): real
+  // 1.89-1.97 / 0.83-0.88, complex 3.63-3.65 / 1.15-1.20, every peak within 0.2 MiB.
+  if (V <= 3000 && !(jvp_groups<N, S>(pb) && values_decodable(pb))) return 32;
   // Groups of 8 at every size, 4 orders a lane, their dual states in registers (forward_warp_kernel makes the
   // lane's state with a literal order count). H100, the Jacobian alone, ms, groups whose states ptxas kept in
   // a local array (8 to 5,000 voxels, 4 above) / in registers: 20k 10.66-10.72 / 3.89, 200k 92.6-92.9 /
