@@ -24,6 +24,7 @@ import argparse
 import csv
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,8 +48,9 @@ METRICS = {
 SCHEDULERS_PER_SM = 4
 #: With --stalls, what each warp waited on (ncu's warp-state counters: cycles stalled per instruction issued,
 #: by reason), kept per kernel as stall_<reason>.
-STALLS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 _STALL_PREFIX, _STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+STALLS = f"regex:{re.escape(_STALL_PREFIX)}.*{re.escape(_STALL_SUFFIX)}"
+_STALL_KEY = "stall_"
 
 
 def child(case: str, n: int) -> None:
@@ -86,7 +88,7 @@ def kernel_counters(text: str) -> list[dict]:
         k = kernels.setdefault(row["ID"], {"kernel": row["Kernel Name"].split("(")[0].replace("void ", "")})
         metric = row["Metric Name"]
         if metric.startswith(_STALL_PREFIX) and metric.endswith(_STALL_SUFFIX):
-            name = "stall_" + metric[len(_STALL_PREFIX):-len(_STALL_SUFFIX)]
+            name = _STALL_KEY + metric[len(_STALL_PREFIX):-len(_STALL_SUFFIX)]
         else:
             name = METRICS[metric]
         try:
@@ -98,7 +100,8 @@ def kernel_counters(text: str) -> list[dict]:
 
 def top_stalls(kernel: dict, count: int = 5) -> str:
     """The kernel's largest stall reasons, cycles a warp waited per instruction it issued."""
-    stalls = sorted(((v, k[6:]) for k, v in kernel.items() if k.startswith("stall_")), reverse=True)[:count]
+    stalls = sorted(((v, k[len(_STALL_KEY):]) for k, v in kernel.items() if k.startswith(_STALL_KEY)),
+                    reverse=True)[:count]
     return ", ".join(f"{name} {v:.1f}" for v, name in stalls)
 
 

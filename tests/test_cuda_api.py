@@ -134,6 +134,12 @@ def many_tissues(n: int, seed: int) -> tuple:
     return t1, t2, torch.tensor(P.FLIPS_DEG, dtype=torch.float32)
 
 
+def leaf(x: torch.Tensor, device: str) -> torch.Tensor:
+    """A fresh leaf of `x` on `device` requiring grad, created where the user creates it: on the host a copy
+    too (`.to("cpu")` is `x` itself, whose .grad would carry one backward's gradient into the next)."""
+    return x.to(device, copy=True).requires_grad_()
+
+
 def test_a_large_real_gradient_on_the_card_matches_the_host():
     """MRFSimulator with 12,000 tissues, its flips and maps created on the card: the real path's first-order
     adjoint runs the plain scheme in groups of 4 lanes a voxel at this size, its states in registers
@@ -149,8 +155,8 @@ def test_a_large_real_gradient_on_the_card_matches_the_host():
     t1_host, t2_host, flips_host = many_tissues(12000, seed=3)
 
     def gradients(device: str):
-        flips = flips_host.to(device).requires_grad_()  # created where the user creates them
-        t1 = t1_host.to(device).requires_grad_()
+        flips = leaf(flips_host, device)
+        t1 = leaf(t1_host, device)
         signal = sim.simulate(flip=flips, TR=P.TR_MS, T1=t1, T2=t2_host.to(device))
         (signal.abs() ** 2).sum().backward()
         assert flips.grad.device.type == t1.grad.device.type == device
@@ -180,8 +186,8 @@ def test_an_hvp_past_the_warp_on_the_card_matches_the_host(path):
     phases_host = quadratic if path == "complex" else torch.zeros(len(P.FLIPS_DEG))
 
     def derivatives(device: str):
-        flips = flips_host.to(device).requires_grad_()  # created where the user creates them
-        t1 = t1_host.to(device).requires_grad_()
+        flips = leaf(flips_host, device)
+        t1 = leaf(t1_host, device)
         _, jac = sim.jacobian(("T1", "T2"), flip=flips, phases=phases_host.to(device),
                               TR=torch.tensor(P.TR_MS, device=device), T1=t1, T2=t2_host.to(device))
         (jac.abs() ** 2).sum().backward()
@@ -218,13 +224,11 @@ def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
     def derivatives(device: str):
         pool = {name: torch.tensor(value, device=device) for name, value in FIXED_POOLS[pools].items()}
         given = dict(TR=torch.tensor(P.TR_MS, device=device), T2=t2_host.to(device), **pool)
-        # Created where the user creates them, a fresh leaf for each backward: on the host `.to("cpu")` is the
-        # tensor itself, whose .grad would carry the first backward's flip gradient into the second's.
-        flips = flips_host.to(device, copy=True).requires_grad_()
+        flips = leaf(flips_host, device)  # a fresh leaf for each backward
         (sim.simulate(flip=flips, T1=t1_host.to(device), **given).abs() ** 2).sum().backward()
         g_flip = flips.grad.cpu()
-        flips = flips_host.to(device, copy=True).requires_grad_()
-        t1 = t1_host.to(device, copy=True).requires_grad_()
+        flips = leaf(flips_host, device)
+        t1 = leaf(t1_host, device)
         _, jac = sim.jacobian(("T1", "T2"), flip=flips, T1=t1, **given)
         (jac.abs() ** 2).sum().backward()
         assert jac.device.type == flips.grad.device.type == t1.grad.device.type == device
