@@ -588,6 +588,35 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, sta
             assert (rel_max_err(got, want) < 1e-4 if bool(want.abs().amax() > 0) else bool((got == 0).all())), name
 
 
+@pytest.mark.parametrize(("pools", "voxels", "mapping"),
+                         (("poolb+mt", 5000, "warp"), ("poolb+mt", 5001, "plain8"), ("mt", 5001, "plain8"),
+                          ("poolb", 5001, "plain8")))
+def test_the_fixed_pool_first_order_takes_groups_past_5000_voxels(card_library, monkeypatch, pools, voxels,
+                                                                  mapping):
+    """The rule's choice for the real float adjoint with its pool counts compiled (launch_rules.hpp
+    adjoint_lanes, kPoolGroupVoxels): a warp a voxel to 5,000 voxels a launch, groups of 8 past it (where the
+    warp ran to 20,000 and a thread past). Asked of the card's launch plan (bs_epg_resident_voxels) for the
+    launch the engine makes, the kernels run on the host: emulated, 5,001 voxels take minutes (the groups'
+    arithmetic is held by test_the_fixed_pool_group_adjoint_matches_host, forced, and on the card by
+    tests/test_cuda_api.py at 6,000 tissues)."""
+    host_call, asked = kernels._call, {}
+
+    def call(st, entry, args):
+        if entry in kernels._PASSES:
+            resident = card_library.bs_epg_resident_voxels(kernels._PASSES[entry], ctypes.byref(args))
+            assert resident > 0, card_library.bs_last_error().decode()
+            asked.setdefault(entry, set()).add(int(resident) // RESIDENT_BLOCKS)
+        return host_call(st, entry, args)
+
+    monkeypatch.setattr(kernels, "_call", call)
+    flips, phases = train(n=DERIVATIVE_EVENTS)
+    flips = flips.requires_grad_()
+    signal = engine.simulate(mrf_description(flips, 0.01, phases_rad=phases), tissue("cpu", pools, n=voxels),
+                             states=32, lineshape="gaussian")
+    (signal.abs() ** 2).sum().backward()
+    assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[mapping]}, asked
+
+
 @pytest.mark.skipif(not FULL, reason="FULL=1")
 @pytest.mark.parametrize("case", ("epg_real_grad", "epg_real_hvp"))
 def test_the_benchmark_cases_match_host(card, case):
