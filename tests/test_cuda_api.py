@@ -242,13 +242,13 @@ def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
 
 
 @pytest.mark.parametrize("pools", tuple(FIXED_POOLS))
-def test_a_pooled_gradient_past_5000_tissues_on_the_card_matches_the_host(pools):
+def test_a_pooled_gradient_of_6000_tissues_on_the_card_matches_the_host(pools):
     """MRFSimulator with 6,000 pooled tissues, its flips, TR, maps and pool properties created on the card,
     real path: the gradient of sum |signal|^2 takes the fixed pools' first-order adjoint in groups of 8 lanes a
-    voxel past 5,000 voxels a launch (launch_rules.hpp adjoint_lanes, kPoolGroupVoxels), each group summing
-    its lanes' table cotangents. The flip, T1 and pool-B fraction gradients (the last one value for every
-    tissue: a sum over the 6,000 voxels through the pool tables), each at its own scale, against the same call
-    on the host (float32 kernels both sides: 1e-4, the module's first derivatives)."""
+    voxel (launch_rules.hpp adjoint_lanes), each group summing its lanes' table cotangents, in the launches the
+    chunker cuts under the scratch cap. The flip, T1 and pool-B fraction gradients (the last one value for
+    every tissue: a sum over the 6,000 voxels through the pool tables), each at its own scale, against the
+    same call on the host (float32 kernels both sides: 1e-4, the module's first derivatives)."""
     from conftest import rel_max_err
 
     from blochsim.simulators import MRFSimulator

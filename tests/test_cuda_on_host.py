@@ -588,17 +588,18 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, sta
             assert (rel_max_err(got, want) < 1e-4 if bool(want.abs().amax() > 0) else bool((got == 0).all())), name
 
 
-@pytest.mark.parametrize(("pools", "voxels", "mapping"),
-                         (("poolb+mt", 5000, "warp"), ("poolb+mt", 5001, "plain8"), ("mt", 5001, "plain8"),
-                          ("poolb", 5001, "plain8")))
-def test_the_fixed_pool_first_order_takes_groups_past_5000_voxels(card_library, monkeypatch, pools, voxels,
-                                                                  mapping):
+@pytest.mark.parametrize(("pools", "voxels", "forced"),
+                         (("poolb+mt", 13, None), ("poolb+mt", 6000, None), ("mt", 6000, None), ("poolb", 6000, None),
+                          ("poolb+mt", 6000, "warp")))
+def test_the_fixed_pool_first_order_takes_groups_by_rule(card_library, monkeypatch, pools, voxels, forced):
     """The rule's choice for the real float adjoint with its pool counts compiled (launch_rules.hpp
-    adjoint_lanes, kPoolGroupVoxels): a warp a voxel to 5,000 voxels a launch, groups of 8 past it (where the
-    warp ran to 20,000 and a thread past). Asked of the card's launch plan (bs_epg_resident_voxels) for the
-    launch the engine makes, the kernels run on the host: emulated, 5,001 voxels take minutes (the groups'
-    arithmetic is held by test_the_fixed_pool_group_adjoint_matches_host, forced, and on the card by
-    tests/test_cuda_api.py at 6,000 tissues)."""
+    adjoint_lanes): groups of 8 at every size (where a warp a voxel ran to 20,000 voxels a launch and a thread
+    past), the warp where BLOCHSIM_CUDA_MAPPING=warp forces it. Asked of the card's launch plan
+    (bs_epg_resident_voxels) for the launches the engine makes, the kernels run on the host: emulated, 6,000
+    voxels take minutes (the groups' arithmetic is held by test_the_fixed_pool_group_adjoint_matches_host, and
+    on the card by tests/test_cuda_api.py at 6,000 tissues)."""
+    if forced:
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", forced)
     host_call, asked = kernels._call, {}
 
     def call(st, entry, args):
@@ -614,7 +615,7 @@ def test_the_fixed_pool_first_order_takes_groups_past_5000_voxels(card_library, 
     signal = engine.simulate(mrf_description(flips, 0.01, phases_rad=phases), tissue("cpu", pools, n=voxels),
                              states=32, lineshape="gaussian")
     (signal.abs() ** 2).sum().backward()
-    assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[mapping]}, asked
+    assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[forced or "plain8"]}, asked
 
 
 @pytest.mark.skipif(not FULL, reason="FULL=1")

@@ -194,23 +194,25 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // With the pool counts fixed at compile time (float adjoint, up to 32 orders: pools.cu), warp/thread ms
 // (2026-12-03): pooled_grad 2k 4.56/39.3, 20k 26.8/83.4; pooled5_grad 2k 7.88/117, 20k 62.5/259: warp up to
 // 20,000 voxels (measured no further).
-// Whether an adjoint of `lanes` lanes per voxel takes the fixed-pool layout in a group (vjp_warp_kernel<float,
-// float, 4, layout, 8>: 4 orders a lane, a warp carrying 4 voxels, each lane its own table cotangents but the
-// saturation table's, which add_table sums over the group): the real float adjoint in groups of 8, where
-// BLOCHSIM_CUDA_ADJOINT_LANES=8 asks for it. H100, pools (2, 3), ms, the warp per voxel (126 registers) /
-// groups of 8 (240): pooled gradient 2k 2.40-2.74 / 2.59-2.94, 5k 4.65-5.40 / 4.36-4.43, 20k 13.3-14.0 /
-// 13.4-13.5 (benchmarks/results/mapping/api_cases-*-s16g-*): the warp stayed the rule. Since both read the
-// events as the launch decoded them, the groups win past 5,000 voxels a launch, where the warp (to 20,000)
-// and the thread (past it) ran. H100, through the API, two rounds alternated, ms (peak MiB), the rule before /
-// groups of 8 (benchmarks/results/mapping/*-2026-12-07-s29-*): pools (1, 2) 2k 2.09-2.19 (88) / 2.11-2.26
-// (84), 5k 3.00-3.03 (111) / 2.16-2.38 (92), 20k 6.51-6.55 / 4.59-4.60, 50k 12.96-13.23 / 8.12; (2, 2) 2k
-// 1.75-2.32 / 2.36-2.52, 5k 2.95-2.97 (70) / 2.79-2.84 (130), 20k 6.49 (87) / 5.36-5.48 (129), 50k 13.54-13.63
-// / 10.34-10.43, 200k 46.5-46.6 / 37.5-37.7; (2, 3) 2k 2.04-2.70 (78) / 2.35-2.74 (63), 5k 3.34-4.09 (84) /
-// 3.44-3.72 (134), 20k 7.62-8.04 (104) / 6.17-6.63 (154), 50k 15.96-16.41 / 12.40-12.97, 200k 57.6 /
-// 45.5-46.2; (4, 5) 2k 3.31-3.42 (82) / 2.92-3.16 (119), 5k 5.34-5.66 (90) / 5.92-5.99 (253), 20k
-// 14.02-14.41 / 12.60-12.65, 50k 31.5-31.7 / 28.1. Level or mixed to 5k (where the warp's peak is the
-// lower), 10-37 % faster past it: groups of 8 past kPoolGroupVoxels.
-constexpr int64_t kPoolGroupVoxels = 5000;
+// Whether an adjoint of `lanes` lanes per voxel takes the fixed-pool layout in a group (vjp_warp_kernel<float, float,
+// 4, layout, 8>: 4 orders a lane, a warp carrying 4 voxels, each lane its own table cotangents but the saturation
+// table's, which add_table sums over the group): the real float adjoint in groups of 8, by rule (adjoint_lanes;
+// BLOCHSIM_CUDA_MAPPING=warp forces the warp). H100, pools (2, 3), ms, the warp per voxel (126 registers) / groups of 8
+// (240): pooled gradient 2k 2.40-2.74 / 2.59-2.94, 5k 4.65-5.40 / 4.36-4.43, 20k 13.3-14.0 / 13.4-13.5
+// (benchmarks/results/mapping/api_cases-*-s16g-*): the warp stayed the rule. Since both read the events as the launch
+// decoded them the groups win from 20k voxels a call. H100, through the API, two rounds alternated, ms (peak MiB), the
+// rule before (a warp to 20,000 voxels a launch, a thread past) / groups of 8 forced
+// (benchmarks/results/mapping/fixed_pool_adjoint-NVIDIA_H100_80GB_HBM3-2026-12-07-1b32fd8.json and *-2026-12-07-s29-*):
+// pools (1, 2) 2k 2.09-2.43 (88) / 2.00-2.35 (84), 5k 2.94-3.03 (111) / 2.16-2.47 (92), 20k 6.51-6.55 (108) / 4.46-4.66
+// (130), 50k 12.96-13.23 / 7.85-8.12; (2, 2) 2k 1.75-2.32 (129) / 2.32-2.52 (122), 5k 2.95-3.43 (70) / 2.79-3.09 (130),
+// 20k 6.49-7.29 (87) / 5.36-5.59 (128), 50k 13.54-13.87 / 10.34-11.45, 200k 46.5-46.6 / 37.5-37.7; (2, 3) 2k 2.04-2.70
+// (78) / 2.32-2.74 (63), 5k 3.34-4.09 (84) / 3.44-3.72 (134), 20k 7.62-8.04 (103) / 6.17-6.90 (154), 50k 15.96-16.43 /
+// 12.40-13.17, 200k 57.6 / 45.5-46.2; (4, 5) 2k 3.19-3.42 (82) / 2.92-3.16 (118), 5k 4.88-5.66 (90) / 5.23-5.99 (253),
+// 20k 14.02-14.79 / 12.54-12.65, 50k 31.5-32.0 / 27.9-28.1. Level or mixed to 5k, 10-40 % faster past it, so the rule
+// takes them at every size. Not past a crossing of the launch's voxels: the chunker (engine/chunks.py) cuts a call to
+// the largest launch whose scratch fits the cap, and the groups' scratch is over the warp's, so with the groups past
+// 5,000 voxels a launch the (2, 2), (2, 3) and (4, 5) calls of 20k-50k were cut into launches of at most 5,000 that
+// took the warp (1b32fd8's record: 20k 6.73-7.65 by the rule against 5.51-6.90 forced).
 template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
   return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
@@ -353,7 +355,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
       fixed_pool_second_order_groups<N, S>(pb, 16) && pool_planes(pb) <= kSecondOrderPoolGroupRulePlanes;
   if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;  // where the warp ran (the thread past its crossing)
   if (group_adjoint(pb) && !complex_second_order) return 8;
-  if (fixed_pool_group_adjoint<N, S>(pb, 8) && V > kPoolGroupVoxels) return 8;
+  if (fixed_pool_group_adjoint<N, S>(pb, 8)) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
 // Orders a lane holds in an adjoint of `lanes` lanes per voxel (vjp_warp_kernel's KPL).
