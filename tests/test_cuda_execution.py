@@ -81,11 +81,16 @@ def test_chunked_matches_whole_on_the_card(kind, monkeypatch):
         assert rel_max_err(a, b) <= tol, name
 
 
-def test_chunks_in_whole_waves_of_the_kernel(monkeypatch):
+@pytest.mark.parametrize(("mapping", "budget_mib"), (("groups", 448), ("warp", 192)))
+def test_chunks_in_whole_waves_of_the_kernel(monkeypatch, mapping, budget_mib):
     """The library answers each pass's resident voxels on the card (whole blocks on every multiprocessor), and a
     pooled gradient cut by its budget takes chunks of whole waves of its adjoint kernel, less than a block of
     128 short of them (chunks.Runner._whole_waves); its gradient is the one of chunks cut without the rule
-    (event gradients: float32 sums over voxels in another order, 1e-5 as above)."""
+    (event gradients: float32 sums over voxels in another order, 1e-5 as above). The fixed pools' first order
+    runs in groups of 8 by rule (launch_rules.hpp adjoint_lanes: 4,224 voxels a wave on an H100, so a budget
+    of a few such waves) or a warp a voxel, forced (2,112 a wave)."""
+    if mapping == "warp":
+        monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", "warp")
     planned = []
     real_chunk = chunks.Runner.chunk
 
@@ -101,7 +106,7 @@ def test_chunks_in_whole_waves_of_the_kernel(monkeypatch):
     def gradient():
         planned.clear()
         flips = _flips(300).requires_grad_()
-        with blochsim.execution(budget_bytes=192 * 2**20):  # chunks of a few thousand voxels: a few waves
+        with blochsim.execution(budget_bytes=budget_mib * 2**20):  # chunks of a few thousand voxels: a few waves
             signal = engine.simulate(mrf_description(flips, 0.01), _tissue("pooled", n, CARD), states=STATES)
             return torch.autograd.grad((signal.abs() ** 2).sum(), flips)[0]
 
