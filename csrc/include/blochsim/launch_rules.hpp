@@ -209,10 +209,10 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // (78) / 2.32-2.74 (63), 5k 3.34-4.09 (84) / 3.44-3.72 (134), 20k 7.62-8.04 (103) / 6.17-6.90 (154), 50k 15.96-16.43 /
 // 12.40-13.17, 200k 57.6 / 45.5-46.2; (4, 5) 2k 3.19-3.42 (82) / 2.92-3.16 (118), 5k 4.88-5.66 (90) / 5.23-5.99 (253),
 // 20k 14.02-14.79 / 12.54-12.65, 50k 31.5-32.0 / 27.9-28.1. Level or mixed to 5k, 10-40 % faster past it, so the rule
-// takes them at every size. Not past a crossing of the launch's voxels: the chunker (engine/chunks.py) cuts a call to
-// the largest launch whose scratch fits the cap, and the groups' scratch is over the warp's, so with the groups past
-// 5,000 voxels a launch the (2, 2), (2, 3) and (4, 5) calls of 20k-50k were cut into launches of at most 5,000 that
-// took the warp (1b32fd8's record: 20k 6.73-7.65 by the rule against 5.51-6.90 forced).
+// takes them at every size. Not past a crossing of the launch's voxels: the chunker (engine/chunks.py) cuts an adjoint
+// to launches whose scratch fits the cap, which held the pooled gradient's warp launches at 20k to about 2,100 voxels
+// (one wave of the warp), so with the groups past 5,000 voxels a launch the (2, 2), (2, 3) and (4, 5) calls of 20k-50k
+// kept the warp (1b32fd8's record: 20k 6.73-7.65 by the rule against 5.51-6.90 forced).
 template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
   return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
