@@ -62,8 +62,10 @@ def default_scratch_bytes(entry: str, held_bytes: int = 0, *, pool_tables: bool 
     adjoint's 33,800 resident threads, against 20,000), the complex one 141.6-141.9 against 168.9-169.5,
     each at the same peak (1,338 MiB: the loss's backward sets it). The pooled gradient's adjoint changes
     mapping with its launch's size (a warp per voxel up to 6,000, launch_rules.hpp), and at 100k its larger
-    launches ran slower (98.0 against 76.3-77.1 ms): the pool tables keep once. A loss that forms nothing of
-    its own (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's size."""
+    launches ran slower (98.0 against 76.3-77.1 ms): the pool tables keep once (measured before the fixed
+    pools' first order took groups of 8 at every launch size, 2026-12-07: not measured since). A loss that
+    forms nothing of its own (signal.real.sum()) sees its gradient's peak grow by up to twice the cotangent's
+    size."""
     if entry == "bs_epg_vjp":
         return max(DEFAULT_SCRATCH_BYTES, (1 if pool_tables else 2) * int(held_bytes))
     if entry == "bs_epg_vjp_jvp":
