@@ -618,6 +618,23 @@ def test_the_fixed_pool_first_order_takes_groups_by_rule(card_library, monkeypat
     assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[forced or "plain8"]}, asked
 
 
+def test_the_chunk_plan_asks_the_library(card_library):
+    """benchmarks/chunk_plan.py: the launches the chunker makes of the pooled gradient at 20k tissues on an H100
+    (4,224 voxels a wave of the fixed pools' groups of 8, launch_rules.hpp adjoint_lanes), from the library's
+    scratch without a card: the least-scratch stride (21 events, 31 KiB a voxel where the given stride of 4
+    keeps 73) puts one wave under the 128 MiB cap, five launches; the card's peak, 154.3 MiB
+    (benchmarks/results/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-07-3479d9a.json), is that scratch and the
+    call's arrays. A change of the store or the cap that moves the launches fails here, before a card."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import chunk_plan
+
+    (row,) = chunk_plan.plan("pooled_grad", 20000, card_library, wave=4224)
+    assert row["pass"] == "bs_epg_vjp" and row["voxels"] == 20000, row
+    assert (row["given_stride"], row["least_stride"]) == (4, 21), row
+    assert row["kib_a_voxel_least"] < 0.5 * row["kib_a_voxel_given"], row
+    assert (row["launch_voxels"], row["launches"]) == (4224, 5), row
+
+
 @pytest.mark.skipif(not FULL, reason="FULL=1")
 @pytest.mark.parametrize("case", ("epg_real_grad", "epg_real_hvp"))
 def test_the_benchmark_cases_match_host(card, case):
