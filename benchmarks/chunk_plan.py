@@ -6,11 +6,12 @@ checkpoint stride with the least scratch, and the launch rules (csrc/include/blo
 each launch's voxels, not the call's. A rule's crossing above the launches the cap allows never acts (the 29th
 session's fixed-pool crossing at 5,000 voxels, docs/design.md). This runs a case on the host at a few tissues
 and asks a CUDA library (the card's, or the emulated one tests/test_cuda_on_host.py builds:
-BLOCHSIM_CUDA_ON_HOST_LIBRARY) for each adjoint pass's scratch at the case's size: the stride the call gives
-and the least-scratch one, the bytes a voxel at each, the cap, the largest launch under it and the launches
-that makes; with --wave, in whole waves of a kernel keeping that many voxels resident, or one wave where
-the pass may stretch its cap to fill one (chunks.Runner._one_wave). The cap's held bytes are taken as the
-cotangent's (the signal's size, most of the call's own arrays): a lower bound of the engine's.
+BLOCHSIM_CUDA_ON_HOST_LIBRARY) for each adjoint pass's scratch, and plans the pass at the case's size with
+the engine's own planner (kernels._Placed._plan: the stride it gives or the least-scratch one; chunks.Runner
+.chunk: the launches under the cap): the strides, the bytes a voxel at each, the cap and the launches; with
+--wave, whole waves of a kernel keeping that many voxels resident (else the library's resident voxels are not
+asked: the emulated library's are not a card's). The call's own arrays are taken as the cotangent's bytes
+(the signal's size, most of them): a lower bound of the engine's.
 
 Run: python benchmarks/chunk_plan.py pooled_grad 20000 [--library PATH] [--wave 4224]
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import os
+import types
 
 import torch
 from api_cases import case_fn
@@ -29,19 +32,20 @@ from blochsim.engine import chunks, kernels
 from blochsim.engine.program import slots_at
 
 _PROBE_TISSUES = 8  # the case runs on the host at this many tissues: its calls' structure, not its sizes
+_CARD = torch.device("cuda")  # the device the plan is made for (a torch.device needs no card)
 
 
-def plan(case: str, n: int, library: ctypes.CDLL, wave: int = 0) -> list[dict]:
-    """Per adjoint pass of `case` at n tissues: the strides, bytes a voxel, cap and launches (see above)."""
+def plan(case: str, n: int, library: ctypes.CDLL, wave: int = 0, free_bytes: int = 80 * 2**30) -> list[dict]:
+    """Per adjoint pass of `case` at n tissues: the strides, bytes a voxel, cap and launches (see above), by
+    the engine's own planner (kernels._Placed._plan, chunks.Runner.chunk) on a card of `free_bytes` free."""
     library.bs_epg_scratch_bytes.restype = ctypes.c_int64
-    rows, host_call = [], kernels._call
-    tissues = n
+    rows, host_call, free_call = [], kernels._call, _execution.cuda_free_bytes
 
     def call(st, entry, args):
         if entry in kernels._ADJOINTS and not any(row["pass"] == entry for row in rows):
             probe = type(args).from_buffer_copy(args)  # the call's own args stay as they are
             slots = slots_at(st.action, st.num_repetitions)
-            n = tissues * st.num_voxels // _PROBE_TISSUES  # a pass of several voxel copies (a Jacobian's columns)
+            voxels = n * st.num_voxels // _PROBE_TISSUES  # a pass of several voxel copies (a Jacobian's columns)
 
             def scratch(c: int, stride: int) -> int:
                 probe.tissue.num_voxels = c
@@ -49,31 +53,26 @@ def plan(case: str, n: int, library: ctypes.CDLL, wave: int = 0) -> list[dict]:
                 probe.program.checkpoint_slots = slots(stride)
                 return int(library.bs_epg_scratch_bytes(kernels._PASSES[entry], ctypes.byref(probe)))
 
+            per_voxel = st.num_samples * 8  # the cotangent: complex64 samples
+            cap = _execution.default_scratch_bytes(entry, per_voxel * voxels, pool_tables=st.interval is not None)
+            placed = types.SimpleNamespace(runner=chunks.Runner(_CARD, voxels, entry, cap),
+                                           stride=st.checkpoint_stride)
+            resident = (lambda c, stride: wave) if wave else None
+            launch = kernels._Placed._plan(placed, dataclasses.replace(st, num_voxels=voxels), entry, per_voxel,
+                                           scratch, resident)
             given = st.checkpoint_stride
-            held = n * st.num_samples * 8  # the cotangent: complex64 samples
-            cap = _execution.default_scratch_bytes(entry, held, pool_tables=st.interval is not None)
-            least = given if scratch(n, given) <= cap else \
-                chunks.least_scratch_stride(st.num_events * st.num_repetitions, given, lambda s: scratch(n, s))
-            lo, hi = 0, n + 1  # the largest launch under the cap (scratch grows with the voxels)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if scratch(mid, least) <= cap else (lo, mid)
-            launch = n if lo >= n else (lo // wave * wave if wave and lo >= wave else lo)
-            # under a wave, one wave where its scratch is within the pass's stretch of the cap (Runner._one_wave)
-            stretch = kernels._FILL_WAVE.get(entry, 0.0)
-            if wave and launch < min(wave, n) and stretch > 1 and scratch(min(wave, n), least) <= cap * stretch:
-                launch = min(wave, n)
-            rows.append({"pass": entry, "voxels": n, "given_stride": given, "least_stride": least,
-                         "kib_a_voxel_given": scratch(n, given) / n / 1024,
-                         "kib_a_voxel_least": scratch(n, least) / n / 1024,
-                         "cap_mib": cap / 2**20, "launch_voxels": launch, "launches": -(-n // max(launch, 1))})
+            rows.append({"pass": entry, "voxels": voxels, "given_stride": given, "stride": placed.stride,
+                         "kib_a_voxel_given": scratch(voxels, given) / voxels / 1024,
+                         "kib_a_voxel": scratch(voxels, placed.stride) / voxels / 1024, "cap_mib": cap / 2**20,
+                         "launch_voxels": launch, "launches": -(-voxels // launch)})
         return host_call(st, entry, args)
 
     kernels._call = call
+    _execution.cuda_free_bytes = lambda device: free_bytes  # what the planner asks of the driver
     try:
         case_fn(case, _PROBE_TISSUES, torch.device("cpu"))()
     finally:
-        kernels._call = host_call
+        kernels._call, _execution.cuda_free_bytes = host_call, free_call
     return rows
 
 
@@ -89,7 +88,7 @@ def main() -> None:
         parser.error("--library or BLOCHSIM_CUDA_ON_HOST_LIBRARY: a CUDA library to ask")
     for row in plan(args.case, args.n, ctypes.CDLL(args.library), args.wave):
         print(f"{args.case} {args.n}: {row['pass']} of {row['voxels']} voxels, stride {row['given_stride']} -> "
-              f"{row['least_stride']}, {row['kib_a_voxel_given']:.1f} -> {row['kib_a_voxel_least']:.1f} KiB a voxel, "
+              f"{row['stride']}, {row['kib_a_voxel_given']:.1f} -> {row['kib_a_voxel']:.1f} KiB a voxel, "
               f"cap {row['cap_mib']:.0f} MiB: launches of {row['launch_voxels']} voxels, {row['launches']} of them")
 
 

@@ -250,7 +250,7 @@ inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
   if (pb.K > 64) return false;
-  if (fixed_pools<N>(pb)) return V <= 20000;
+  if (fixed_pools<N>(pb)) return V <= 20000;  // complex states: the real ones take groups (fixed_pool_group_adjoint)
   if (pb.tabulated) return V <= 6000;  // the second order's fixed pools too (their crossing not measured)
   return Num<N>::P > 0 || !std::is_same<N, S>::value || V <= 15000;
 }
