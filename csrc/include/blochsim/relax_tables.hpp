@@ -46,7 +46,9 @@ BS_HD void copy_state(State<S> dst, State<S> src) {
 // pass's replayed state a step after this asks for it; read cold, it came from L2 or DRAM at the head of the
 // step, the warp waiting on it (H100, the complex gradient at 20k: 0.96-0.98 of its time without). The plain
 // walks' launches are held by their bytes, and there it only added to them (the real gradient at 100k 1.19
-// times its time without): docs/design.md, "The 25th session".
+// times its time without): docs/design.md, "The 25th session". Dropping each slot from L2 after its last
+// read (discard.global.L2, so dead lines are not written back) was slower in every adjoint case
+// (benchmarks/variants/l2-discard.patch; docs/design.md, "The 30th session").
 template <class S>
 BS_HD void prefetch_state(State<S> x) {
 #if defined(__CUDACC__) && defined(__CUDA_ARCH__)
