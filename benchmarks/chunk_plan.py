@@ -55,12 +55,11 @@ def plan(case: str, n: int, library: ctypes.CDLL, wave: int = 0, free_bytes: int
 
             per_voxel = st.num_samples * 8  # the cotangent: complex64 samples
             cap = _execution.default_scratch_bytes(entry, per_voxel * voxels, pool_tables=st.interval is not None)
-            placed = types.SimpleNamespace(runner=chunks.Runner(_CARD, voxels, entry, cap),
-                                           stride=st.checkpoint_stride)
+            given = st.checkpoint_stride
+            placed = types.SimpleNamespace(runner=chunks.Runner(_CARD, voxels, entry, cap), stride=given)
             resident = (lambda c, stride: wave) if wave else None
             launch = kernels._Placed._plan(placed, dataclasses.replace(st, num_voxels=voxels), entry, per_voxel,
                                            scratch, resident)
-            given = st.checkpoint_stride
             rows.append({"pass": entry, "voxels": voxels, "given_stride": given, "stride": placed.stride,
                          "kib_a_voxel_given": scratch(voxels, given) / voxels / 1024,
                          "kib_a_voxel": scratch(voxels, placed.stride) / voxels / 1024, "cap_mib": cap / 2**20,
