@@ -241,20 +241,22 @@ def test_a_pooled_jacobian_and_hvp_on_the_card_match_the_host(pools):
     assert rel_max_err(h_flip, h_flip_host) < 1e-3 and rel_max_err(h_t1, h_t1_host) < 1e-3
 
 
+@pytest.mark.parametrize("tissues", (2000, 6000))
 @pytest.mark.parametrize("pools", tuple(FIXED_POOLS))
-def test_a_pooled_gradient_of_6000_tissues_on_the_card_matches_the_host(pools):
-    """MRFSimulator with 6,000 pooled tissues, its flips, TR, maps and pool properties created on the card,
-    real path: the gradient of sum |signal|^2 takes the fixed pools' first-order adjoint in groups of 8 lanes a
-    voxel (launch_rules.hpp adjoint_lanes), each group summing its lanes' table cotangents, in the launches the
-    chunker cuts under the scratch cap. The flip, T1 and pool-B fraction gradients (the last one value for
-    every tissue: a sum over the 6,000 voxels through the pool tables), each at its own scale, against the
-    same call on the host (float32 kernels both sides: 1e-4, the module's first derivatives)."""
+def test_a_pooled_gradient_on_the_card_matches_the_host(pools, tissues):
+    """MRFSimulator with 2,000 or 6,000 pooled tissues, its flips, TR, maps and pool properties created on the
+    card, real path: the gradient of sum |signal|^2 takes the fixed pools' first-order adjoint in groups of 16
+    lanes a voxel at 2,000 (one launch under kPoolGroupOf16Voxels) and of 8 at 6,000 (launch_rules.hpp
+    adjoint_lanes), each group summing its lanes' table cotangents, in the launches the chunker cuts under the
+    scratch cap. The flip, T1 and pool-B fraction gradients (the last one value for every tissue: a sum over
+    the voxels through the pool tables), each at its own scale, against the same call on the host (float32
+    kernels both sides: 1e-4, the module's first derivatives)."""
     from conftest import rel_max_err
 
     from blochsim.simulators import MRFSimulator
 
     sim = MRFSimulator(states=32)
-    t1_host, t2_host, flips_host = many_tissues(6000, seed=7)
+    t1_host, t2_host, flips_host = many_tissues(tissues, seed=7)
     fraction = torch.tensor(FIXED_POOLS[pools]["poolB_fraction"])
 
     def gradients(device: str):

@@ -566,14 +566,15 @@ def test_general_adjoint_folds_match_host(card, monkeypatch, general_mapping, tr
     assert "vjp_warp_kernel" in second_order and "vjp_values_kernel" not in second_order, second_order
 
 
+@pytest.mark.parametrize("lanes", (8, 16))
 @pytest.mark.parametrize(("pools", "states"), (("poolb+mt", 10), ("poolb+mt", 32), ("poolb", 32), ("mt", 20)))
-def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, states):
-    """The real float adjoint with its pool counts compiled in groups of 8 lanes (BLOCHSIM_CUDA_ADJOINT_LANES=8:
-    vjp_warp_kernel<float, float, 4, layout, 8>, 4 orders a lane, a warp carrying 4 voxels of 9, the last
-    warp's padding groups writing nothing): gradients along the flips and every pool parameter, the saturation
-    table's cotangent summed over each group (add_table) where a semisolid pool has one, and the pool tables'
-    own cotangents summed over the group once."""
-    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", "8")
+def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, states, lanes):
+    """The real float adjoint with its pool counts compiled in groups of 8 or 16 lanes
+    (BLOCHSIM_CUDA_ADJOINT_LANES: vjp_warp_kernel<float, float, 4 | 2, layout, 8 | 16>, 4 or 2 orders a lane, a
+    warp carrying 4 or 2 voxels of 9, the last warp's padding groups writing nothing): gradients along the flips
+    and every pool parameter, the saturation table's cotangent summed over each group (add_table) where a
+    semisolid pool has one, and the pool tables' own cotangents summed over the group once."""
+    monkeypatch.setenv("BLOCHSIM_CUDA_ADJOINT_LANES", str(lanes))
 
     def run():
         flips, phases = train(n=DERIVATIVE_EVENTS)
@@ -593,7 +594,7 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, sta
         return dict(zip(["flips", *leaves], grads, strict=True))
 
     host, emulated = on_both(card, run)
-    assert card.voxels_a_block["bs_epg_vjp"] == {VOXELS_A_BLOCK["plain8"]}, card.voxels_a_block
+    assert card.voxels_a_block["bs_epg_vjp"] == {VOXELS_A_BLOCK[f"plain{lanes}"]}, card.voxels_a_block
     assert sum(bool(g.abs().amax() > 0) for g in host.values() if g is not None) >= 5, host
     for name, want in host.items():
         got = emulated[name]
@@ -607,11 +608,12 @@ def test_the_fixed_pool_group_adjoint_matches_host(card, monkeypatch, pools, sta
                           ("poolb+mt", 6000, "warp")))
 def test_the_fixed_pool_first_order_takes_groups_by_rule(card_library, monkeypatch, pools, voxels, forced):
     """The rule's choice for the real float adjoint with its pool counts compiled (launch_rules.hpp
-    adjoint_lanes): groups of 8 at every size (where a warp a voxel ran to 20,000 voxels a launch and a thread
-    past), the warp where BLOCHSIM_CUDA_MAPPING=warp forces it. Asked of the card's launch plan
-    (bs_epg_resident_voxels) for the launches the engine makes, the kernels run on the host: emulated, 6,000
-    voxels take minutes (the groups' arithmetic is held by test_the_fixed_pool_group_adjoint_matches_host, and
-    on the card by tests/test_cuda_api.py at 6,000 tissues)."""
+    adjoint_lanes): groups of 16 to kPoolGroupOf16Voxels (3,000) voxels a launch and of 8 past it (where a warp
+    a voxel ran to 20,000 voxels a launch and a thread past), the warp where BLOCHSIM_CUDA_MAPPING=warp forces
+    it. Asked of the card's launch plan (bs_epg_resident_voxels) for the launches the engine makes, the kernels
+    run on the host: emulated, 6,000 voxels take minutes (the groups' arithmetic is held by
+    test_the_fixed_pool_group_adjoint_matches_host, and on the card by tests/test_cuda_api.py at 2,000 and
+    6,000 tissues)."""
     if forced:
         monkeypatch.setenv("BLOCHSIM_CUDA_MAPPING", forced)
     host_call, asked = kernels._call, {}
@@ -627,7 +629,7 @@ def test_the_fixed_pool_first_order_takes_groups_by_rule(card_library, monkeypat
     signal = engine.simulate(mrf_description(flips, 0.01, phases_rad=phases), tissue("cpu", pools, n=voxels),
                              states=32, lineshape="gaussian")
     (signal.abs() ** 2).sum().backward()
-    assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[forced or "plain8"]}, asked
+    assert asked["bs_epg_vjp"] == {VOXELS_A_BLOCK[forced or ("plain16" if voxels <= 3000 else "plain8")]}, asked
 
 
 def test_the_chunk_plan_asks_the_library(card_library):

@@ -224,8 +224,8 @@ void start_adjoint_lanes(const Launcher& launcher, const LaunchShape& shape, con
 
 // The adjoint with the pool counts fixed at compile time, a warp per voxel (launch_rules.hpp
 // fixed_pool_warp: the first order, N = float, and the second, N = Dual<float, 1>; csrc/cuda/pools.cu and
-// pools_dual.cu), the real first order in groups of 8 (fixed_pool_group_adjoint), or the second in groups of
-// 16 (fixed_pool_second_order_groups).
+// pools_dual.cu), the real first order in groups of 8 or 16 (fixed_pool_group_adjoint), or the second in
+// groups of 16 (fixed_pool_second_order_groups).
 template <class N, class S, class Launcher>
 void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_t V, const SampleIO<N>& io,
                       const typename Launcher::template EventGrad<N>& eg, const GradOut<float>& out, S* scratch,
@@ -236,6 +236,13 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
       if (lanes == 8) {
         start_adjoint_lanes<N, S, 4, L, 8>(launcher, lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
         return;
+      }
+      if constexpr (layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
+        if (lanes == 16) {  // 2 orders a lane (launch_rules.hpp kPoolGroupOf16Voxels)
+          start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
+                                              table_scratch);
+          return;
+        }
       }
     }
     constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;

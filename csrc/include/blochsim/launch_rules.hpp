@@ -106,8 +106,8 @@ inline int forced_mapping() {
   return -1;
 }
 // BLOCHSIM_CUDA_ADJOINT_LANES=4|8|16|32 forces the plain group adjoint's lanes per voxel where it applies
-// (plain_group_adjoint), and 8 the fixed-pool group adjoint (fixed_pool_group_adjoint), leaving the forwards
-// their own mapping. -1: not forced.
+// (plain_group_adjoint), and 8 or 16 the fixed-pool group adjoint (fixed_pool_group_adjoint), leaving the
+// forwards their own mapping. -1: not forced.
 inline int forced_adjoint_plain_lanes() {
   const char* forced = std::getenv("BLOCHSIM_CUDA_ADJOINT_LANES");
   if (!forced) return -1;
@@ -213,9 +213,26 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // to launches whose scratch fits the cap, which held the pooled gradient's warp launches at 20k to about 2,100 voxels
 // (one wave of the warp), so with the groups past 5,000 voxels a launch the (2, 2), (2, 3) and (4, 5) calls of 20k-50k
 // kept the warp (1b32fd8's record: 20k 6.73-7.65 by the rule against 5.51-6.90 forced).
+//
+// Groups of 16 (2 orders a lane; compiled, as the second order's, for the layouts of up to seven planes) hold
+// fewer registers a lane: ptxas (sm_90), groups of 8 / 16, pools (1, 2) 168 (40 bytes spilled) / 154, (2, 2)
+// 202 / 162, (2, 3) 230 / 168 (36 bytes spilled): three blocks a multiprocessor where the groups of 8 keep
+// two, 24 voxels a multiprocessor against 32. H100, through the API, two rounds alternated in one call, ms
+// (peak MiB), groups of 8 (the rule) / 16 (forced; benchmarks/results/mapping/api_cases-NVIDIA_H100_80GB_HBM3-
+// 2026-12-07-s31-{G,V16f}-pool16-r*.json): pooled gradient (2, 3) 2k 2.04-2.41 / 1.92-1.96, 20k 6.40-6.52
+// (154.3) / 6.30-6.67 (127.2), 100k 23.46-23.49 / 24.06; pooledb gradient (2, 2) 2k 2.09-2.27 / 1.74-1.80, 20k
+// 5.22-5.87 / 5.12-5.42, 100k 19.33-19.69 / 19.94-20.03. So the groups of 16 take a launch of up to
+// kPoolGroupOf16Voxels, under a wave of either (4,224 voxels of the groups of 8 on an H100, 3,168 of 16), where
+// their extra warps a scheduler fill a card the groups of 8 leave half empty; from a wave on the chunker's
+// launches are whole waves and the groups of 8 are level or ahead.
+constexpr int64_t kPoolGroupOf16Voxels = 3000;
+// The layouts compiled in groups of 16, the first order's and the second's (launch_plan.hpp launch_vjp_pools).
+constexpr int kSecondOrderPoolGroupPlanes = 7;
 template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
-  return lanes == 8 && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
+  const bool compiled =
+      lanes == 8 || (lanes == 16 && layout_planes(pools_layout(pb.nt, pb.nl)) <= kSecondOrderPoolGroupPlanes);
+  return compiled && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
 }
 // Whether the second order's adjoint (Dual<float, 1>) takes the fixed-pool layout in groups of 16 lanes
 // (vjp_warp_kernel<Dual<float, 1>, Dual<float, 1>, 2, layout, 16>: 2 orders a lane, 2 voxels a warp), where
@@ -232,7 +249,6 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // (2, 3) as well (BLOCHSIM_CUDA_MAPPING=warp forces the warp). The rule against the warp, H100, two rounds, ms
 // (mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s23a-f1{6,7}-*.json): pools (1, 2) 2k 6.64-6.73 /
 // 5.39-5.71, 20k 42.47-42.71 / 39.04-39.21; (2, 2) 2k 6.03-6.30 / 6.48-6.53, 20k 43.63-44.22 / 40.70-41.03.
-constexpr int kSecondOrderPoolGroupPlanes = 7;  // (launch_plan.hpp launch_vjp_pools compiles them)
 constexpr int kSecondOrderPoolGroupRulePlanes = 6;  // pools (1, 2) and (2, 2)
 template <class R>
 inline int pool_planes(const Problem<R>& pb) {  // planes of the fixed-pool layout's state array
@@ -355,6 +371,7 @@ inline int adjoint_lanes(const Problem<R>& pb, int64_t V) {
       fixed_pool_second_order_groups<N, S>(pb, 16) && pool_planes(pb) <= kSecondOrderPoolGroupRulePlanes;
   if (pool_groups) return warp_adjoint<N, S>(pb, V) ? 16 : 1;  // where the warp ran (the thread past its crossing)
   if (group_adjoint(pb) && !complex_second_order) return 8;
+  if (fixed_pool_group_adjoint<N, S>(pb, 16) && V <= kPoolGroupOf16Voxels) return 16;
   if (fixed_pool_group_adjoint<N, S>(pb, 8)) return 8;
   return warp_adjoint<N, S>(pb, V) ? 32 : 1;
 }
