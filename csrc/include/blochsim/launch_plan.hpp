@@ -237,7 +237,7 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
         start_adjoint_lanes<N, S, 4, L, 8>(launcher, lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
         return;
       }
-      if constexpr (layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
+      if constexpr (layout_planes(L) <= kPoolGroupOf16Planes) {
         if (lanes == 16) {  // 2 orders a lane (launch_rules.hpp kPoolGroupOf16Voxels)
           start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
                                               table_scratch);
@@ -246,7 +246,7 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
       }
     }
     constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
-    if constexpr (second_order_groups && layout_planes(L) <= kSecondOrderPoolGroupPlanes) {
+    if constexpr (second_order_groups && layout_planes(L) <= kPoolGroupOf16Planes) {
       if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
         start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
                                             table_scratch);

@@ -227,12 +227,19 @@ inline int warp_orders_per_lane(int64_t K) { return K <= 32 ? 1 : 2; }
 // launches are whole waves and the groups of 8 are level or ahead.
 constexpr int64_t kPoolGroupOf16Voxels = 3000;
 // The layouts compiled in groups of 16, the first order's and the second's (launch_plan.hpp launch_vjp_pools).
-constexpr int kSecondOrderPoolGroupPlanes = 7;
+constexpr int kPoolGroupOf16Planes = 7;
+template <class R>
+inline int pool_planes(const Problem<R>& pb) {  // planes of the fixed-pool layout's state array
+  return layout_planes(pools_layout(pb.nt, pb.nl));
+}
+template <class R>
+inline bool pool_groups_of_16_compiled(const Problem<R>& pb) {
+  return compiled_pools(pb) && pool_planes(pb) <= kPoolGroupOf16Planes;
+}
 template <class N, class S, class R>
 inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
-  const bool compiled =
-      lanes == 8 || (lanes == 16 && layout_planes(pools_layout(pb.nt, pb.nl)) <= kSecondOrderPoolGroupPlanes);
-  return compiled && std::is_same<N, float>::value && std::is_same<S, float>::value && compiled_pools(pb);
+  const bool compiled = lanes == 8 ? compiled_pools(pb) : lanes == 16 && pool_groups_of_16_compiled(pb);
+  return compiled && std::is_same<N, float>::value && std::is_same<S, float>::value;
 }
 // Whether the second order's adjoint (Dual<float, 1>) takes the fixed-pool layout in groups of 16 lanes
 // (vjp_warp_kernel<Dual<float, 1>, Dual<float, 1>, 2, layout, 16>: 2 orders a lane, 2 voxels a warp), where
@@ -250,18 +257,10 @@ inline bool fixed_pool_group_adjoint(const Problem<R>& pb, int lanes) {
 // (mapping/api_cases-NVIDIA_H100_80GB_HBM3-2026-12-06-s23a-f1{6,7}-*.json): pools (1, 2) 2k 6.64-6.73 /
 // 5.39-5.71, 20k 42.47-42.71 / 39.04-39.21; (2, 2) 2k 6.03-6.30 / 6.48-6.53, 20k 43.63-44.22 / 40.70-41.03.
 constexpr int kSecondOrderPoolGroupRulePlanes = 6;  // pools (1, 2) and (2, 2)
-template <class R>
-inline int pool_planes(const Problem<R>& pb) {  // planes of the fixed-pool layout's state array
-  return layout_planes(pools_layout(pb.nt, pb.nl));
-}
-template <class R>
-inline bool second_order_pool_groups_compiled(const Problem<R>& pb) {
-  return compiled_pools(pb) && pool_planes(pb) <= kSecondOrderPoolGroupPlanes;
-}
 template <class N, class S, class R>
 inline bool fixed_pool_second_order_groups(const Problem<R>& pb, int lanes) {
   return lanes == 16 && std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value &&
-         second_order_pool_groups_compiled(pb);
+         pool_groups_of_16_compiled(pb);
 }
 template <class N, class S, class R>
 inline bool warp_adjoint(const Problem<R>& pb, int64_t V) {
