@@ -232,22 +232,18 @@ void launch_vjp_pools(const Launcher& launcher, const Problem<float>& pb, int64_
                       N* table_scratch, int lanes) {
   const bool compiled = with_fixed_pools(pb.nt, pb.nl, [&](auto layout) {
     constexpr int L = decltype(layout)::value;
-    if constexpr (std::is_same<N, float>::value && std::is_same<S, float>::value) {
+    constexpr bool first_order = std::is_same<N, float>::value && std::is_same<S, float>::value;
+    constexpr bool second_order = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
+    if constexpr (first_order) {
       if (lanes == 8) {
         start_adjoint_lanes<N, S, 4, L, 8>(launcher, lanes_shape(V, 8), pb, V, io, eg, out, scratch, table_scratch);
         return;
       }
-      if constexpr (layout_planes(L) <= kPoolGroupOf16Planes) {
-        if (lanes == 16) {  // 2 orders a lane (launch_rules.hpp kPoolGroupOf16Voxels)
-          start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
-                                              table_scratch);
-          return;
-        }
-      }
     }
-    constexpr bool second_order_groups = std::is_same<N, Dual<float, 1>>::value && std::is_same<S, N>::value;
-    if constexpr (second_order_groups && layout_planes(L) <= kPoolGroupOf16Planes) {
-      if (lanes == 16) {  // (launch_rules.hpp fixed_pool_second_order_groups)
+    // 2 orders a lane: the first order's small launches (launch_rules.hpp kPoolGroupOf16Voxels), the second's
+    // groups (fixed_pool_second_order_groups).
+    if constexpr ((first_order || second_order) && layout_planes(L) <= kPoolGroupOf16Planes) {
+      if (lanes == 16) {
         start_adjoint_lanes<N, S, 2, L, 16>(launcher, lanes_shape(V, 16), pb, V, io, eg, out, scratch,
                                             table_scratch);
         return;
