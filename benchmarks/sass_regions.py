@@ -18,7 +18,7 @@ then shows the warp instructions it executed and the warp-state samples (stalls)
 
 Run: python benchmarks/sass_regions.py [--kernel "bs::vjp_kernel<float, float, 32, float>"]
          [--function vjp_voxel_plain] [--source DIR] [--patch benchmarks/variants/NAME.patch]
-         [--library build/lineinfo/libblochsim_cuda.so --executed ncu-source.csv]
+         [--library build/lineinfo/libblochsim_cuda.so --executed ncu-source.csv [--stalls]]
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def library_disassembly(library: Path, kernel: str, work: Path) -> tuple[str, st
 
 
 def executed_counts(path: Path) -> dict:
-    """Offset in the function -> (warp instructions executed, warp-state samples), from ncu's SASS source page
-    (csv). Addresses there are the loaded code's: offsets count from the first."""
+    """Offset in the function -> (warp instructions executed, warp-state samples, the samples by stall reason),
+    from ncu's SASS source page (csv). Addresses there are the loaded code's: offsets count from the first."""
     with path.open(newline="") as handle:
         lines = handle.read().splitlines()
     # (ncu writes a line naming the kernel ahead of the header row)
@@ -135,8 +135,11 @@ def executed_counts(path: Path) -> dict:
 
     executed = column("Instructions Executed", "Warp Instructions Executed")
     samples = column("Warp Stall Sampling (All Samples)", "Sampling Data (All)")
+    reasons = [name for name in rows[0] if name.startswith("stall_") and not name.endswith("(Not Issued)")]
     base = min(int(row["Address"], 16) for row in rows)
-    return {int(row["Address"], 16) - base: (number(row[executed]), number(row[samples])) for row in rows}
+    return {int(row["Address"], 16) - base: (number(row[executed]), number(row[samples]),
+                                             {name[len("stall_"):]: number(row[name]) for name in reasons})
+            for row in rows}
 
 
 def attribute(disassembly: str, header: Path, first: int, last: int, executed: dict | None = None) -> dict:
@@ -169,10 +172,20 @@ def attribute(disassembly: str, header: Path, first: int, last: int, executed: d
         counts[site]["moves"] += opcode.startswith("MOV")
         counts[site]["local"] += opcode.startswith(("LDL", "STL"))
         if executed is not None:
-            done, sampled = executed.get(int(found.group(1), 16), (0.0, 0.0))
+            done, sampled, reasons = executed.get(int(found.group(1), 16), (0.0, 0.0, {}))
             counts[site]["executed"] += done
             counts[site]["samples"] += sampled
+            for reason, n in reasons.items():
+                counts[site]["stall " + reason] += n
     return counts
+
+
+def top_stalls(c: collections.Counter, count: int = 3) -> str:
+    """A statement's largest stall reasons, each its share of the statement's samples (%)."""
+    reasons = {k[len("stall "):]: v for k, v in c.items() if k.startswith("stall ")}
+    whole = sum(reasons.values())
+    ranked = sorted(reasons.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{name} {100 * v / whole:.0f}" for name, v in ranked if v) if whole else ""
 
 
 def main() -> None:
@@ -185,9 +198,13 @@ def main() -> None:
     parser.add_argument("--library", type=Path, help="take the kernel from this CUDA library (built with -lineinfo)")
     parser.add_argument("--executed", type=Path, help="ncu's SASS source page (csv) of one launch of the kernel "
                         "from --library: executed instructions and samples per statement")
+    parser.add_argument("--stalls", action="store_true",
+                        help="with --executed, each statement's three largest stall reasons (%% of its samples)")
     args = parser.parse_args()
     if args.executed and not args.library:
         parser.error("--executed reads a launch of the kernel of --library")
+    if args.stalls and not args.executed:
+        parser.error("--stalls reads the samples of --executed")
     with tempfile.TemporaryDirectory() as name:
         work = Path(name)
         source = args.source
@@ -224,7 +241,8 @@ def main() -> None:
             continue
         statement = "" if site == "outside" else text[site - 1].strip()[:70]
         dynamic = f"{c['executed']:>12.4g}{share(c, 'executed'):>6.1f}{share(c, 'samples'):>10.1f}" if executed else ""
-        print(f"{site:>8}{c['instructions']:>8}{c['moves']:>7}{c['local']:>7}{dynamic}  {statement}")
+        reasons = f"  [{top_stalls(c)}]" if args.stalls else ""
+        print(f"{site:>8}{c['instructions']:>8}{c['moves']:>7}{c['local']:>7}{dynamic}  {statement}{reasons}")
     dynamic = f"{total['executed']:>12.4g}{100.0:>6.1f}{100.0:>10.1f}" if executed else ""
     print(f"{'total':>8}{total['instructions']:>8}{total['moves']:>7}{total['local']:>7}{dynamic}")
 
