@@ -99,21 +99,22 @@ def values(case_name: str, path: str, *, with_phases: bool | None = None) -> dic
     return x
 
 
-def build(case_name: str, x: dict):
-    """(description, tissue) of named values (with the crusher geometry: diffusion, flow and washout act)."""
+def build(case_name: str, x: dict, geometry: str = "crusher"):
+    """(description, tissue) of named values (by default with the crusher geometry: diffusion, flow and washout
+    act; "none": the intervals relax alone)."""
     kw = {name: x[name] for name in EVENT_INPUTS if name in x}
-    description = CASES[case_name].build(geometry="crusher", **kw)
+    description = CASES[case_name].build(geometry=geometry, **kw)
     tissue = TissueProperties(**{k: v for k, v in x.items() if k not in EVENT_INPUTS})
     return description, tissue
 
 
-def run_oracle(case_name: str, x: dict) -> torch.Tensor:
-    description, tissue = build(case_name, x)
+def run_oracle(case_name: str, x: dict, geometry: str = "crusher") -> torch.Tensor:
+    description, tissue = build(case_name, x, geometry)
     return play(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions).signal
 
 
-def run_engine(case_name: str, x: dict, dtype, path, **kw) -> torch.Tensor:
-    description, tissue = build(case_name, x)
+def run_engine(case_name: str, x: dict, dtype, path, geometry: str = "crusher", **kw) -> torch.Tensor:
+    description, tissue = build(case_name, x, geometry)
     return simulate(description, tissue, states=STATES, repetitions=CASES[case_name].repetitions, dtype=dtype,
                     path=path, **kw)
 
@@ -269,16 +270,12 @@ def test_a_pooled_flip_gradient_matches_oracle_with_and_without_table_cotangents
 
     def gradients(run):
         leaf = leaves({k: x[k] for k in differentiated})
-        given = {**x, **leaf}
-        d = CASES["mrf"].build(flips=given["flips"], tr_s=x["tr_s"], phases=x.get("phases", 0.0))
-        tissue = TissueProperties(**{k: v for k, v in given.items() if k not in EVENT_INPUTS})
-        signal = run(d, tissue)
+        signal = run({**x, **leaf})
         w = random_complex(signal.shape, seed=12)
         return grads(inner(w.to(signal.dtype), signal), leaf)
 
-    repetitions = CASES["mrf"].repetitions
-    expected = gradients(lambda d, t: play(d, t, states=STATES, repetitions=repetitions).signal)
-    got = gradients(lambda d, t: simulate(d, t, states=STATES, repetitions=repetitions, dtype=dtype, path=path))
+    expected = gradients(lambda d: run_oracle("mrf", d, geometry="none"))
+    got = gradients(lambda d: run_engine("mrf", d, dtype, path, geometry="none"))
     for name in differentiated:
         assert_close(got[name], expected[name], FIRST[dtype], dtype, name)
 
