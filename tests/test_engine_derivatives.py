@@ -258,9 +258,8 @@ def test_a_pooled_flip_gradient_matches_oracle_with_and_without_table_cotangents
     """Free water, a second water pool and a semisolid pool with no crusher geometry (the tables are the whole
     interval: no diffusion, flow or washout): the flips' gradient against the oracle, with no pool table's
     cotangent asked (only the flips differentiated: relax_tables.hpp's TableGrad.wanted false, so the adjoint
-    forms none) and with them asked (T1 differentiated too), on both paths. A loop of the tables' transposes
-    alone for the first (benchmarks/variants/pool-tables-transposes.patch) is held here: with its order 0
-    skipped, the four cases without cotangents fail."""
+    forms none) and with them asked (T1 differentiated too), on both paths. The first runs relax_tables.hpp's
+    loop of the tables' transposes alone: with its order 0 skipped, the four cases without cotangents fail."""
     x = values("mrf", path)
     pools = {**POOL_B, **BOUND}
     if path == "real":  # (a pool's shift needs the complex path)

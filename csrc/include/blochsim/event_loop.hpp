@@ -568,7 +568,10 @@ BS_HD void step_adjoint(const Problem<R>& pb, int64_t v, const Voxel<N>& t, cons
     if (l.nl > l.nt) {
       N g_sat = N(0);
       saturate_adjoint(l, tmp, alpha, fetch_table<N>(pb.table_sat, v, ev.e), g_alpha, g_sat);
-      eg.add_table(tg.sat, ev.e, g_sat);
+      // (a group's sum and a read-modify-write of the voxel's table an event, on the chain: 5 % of the pooled
+      // adjoint's warp samples on an H100 where no table's cotangent was asked; docs/design.md, "The 33rd
+      // session")
+      if (tg.wanted) eg.add_table(tg.sat, ev.e, g_sat);
     }
     if (complex_path && spinor_pulse(pb, ev.e)) {
       rotate_by_spinor_adjoint(pb, v, ev.e, alpha, phi, l, tmp, K, g_alpha, g_phi, tg);

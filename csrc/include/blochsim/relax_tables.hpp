@@ -220,6 +220,26 @@ struct TableGrad {
   bool wanted = false;  // some table's cotangent is asked for; else the L and T outer products are skipped
 };
 
+// Order k of lambda through the tables' transposes, from ly (longitudinal), lyp (F+) and lym (F-): lambda
+// after the tables (their products' adjoints) -> lambda before them.
+template <class N, class S>
+BS_HD void transposed_products(const Tables<N>& tb, State<S> l, int64_t k, const S* ly, const S* lyp, const S* lym) {
+  for (int j = 0; j < l.nl; ++j) {
+    S acc = S(0);
+    for (int a = 0; a < l.nl; ++a) acc += ly[a] * tb.L[a][j];
+    l.z(j)[k] = acc;
+  }
+  for (int j = 0; j < l.nt; ++j) {
+    S accp = S(0), accm = S(0);
+    for (int p = 0; p < l.nt; ++p) {
+      accp += cmul_conj(tb.T[p][j], lyp[p]);
+      accm += cmul(tb.T[p][j], lym[p]);
+    }
+    l.fp(j)[k] = accp;
+    l.fm(j)[k] = accm;
+  }
+}
+
 template <class N, class S, class R>
 BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, const Interval<N>& c,
                                 const Voxel<N>& t, State<S> l, State<S> x, State<S> kept, TableGrad<N> tg,
@@ -228,8 +248,21 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
   const int nt = x.nt, nl = x.nl;
   Tables<N> tb;
   load_tables(pb, v, d, tb);
-  IntervalSums<N> q;
   const bool plain = tables_only(c);  // factors of 1, and no interval gradient left for the kernel
+  if (plain && !tg.wanted) {
+    // The tables' transposes alone, a loop of its own: the general loop's per-order run-time branches (the
+    // factors, the tables' cotangents) held the pooled adjoint's warps on instruction fetch and branch
+    // resolution (17 % of its samples on an H100, half of them no_instruction). With this loop the pooled
+    // gradient at 100k takes 0.80 of its time (H100; docs/design.md, "The 33rd session" and "The 34th").
+    BS_UNROLL
+    for (int64_t k = 0; k < x.K; ++k) {
+      S ly[kMaxPools], lyp[kMaxPools], lym[kMaxPools];
+      load_order(l, k, ly, lyp, lym);
+      transposed_products(tb, l, k, ly, lyp, lym);
+    }
+    return;
+  }
+  IntervalSums<N> q;
   // Table cotangents of this interval, summed over orders here and added to tg once.
   N gL[kMaxPools][kMaxPools];
   Cx<N> gT[kMaxPools][kMaxPools];
@@ -269,11 +302,6 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
         for (int j = 0; j < nl; ++j) gL[a][j] += re_dot(as_cx(ly[a]), as_cx(x.z(j)[k]));
         if (order0) tg.r[d * nl + a] += re(ly[a]);
       }
-    for (int j = 0; j < nl; ++j) {
-      S acc = S(0);
-      for (int a = 0; a < nl; ++a) acc += ly[a] * tb.L[a][j];
-      l.z(j)[k] = acc;
-    }
     // Transverse pools: F+ -> T F+, F- -> conj(T) F-.
     S lyp[kMaxPools], lym[kMaxPools];
     for (int p = 0; p < nt; ++p) {
@@ -303,15 +331,7 @@ BS_HD void relax_tables_adjoint(const Problem<R>& pb, int64_t v, int64_t d, cons
         for (int j = 0; j < nt; ++j)
           gT[p][j] +=
               conj(as_cx(x.fp(j)[k])) * as_cx(lyp[p]) + conj(as_cx(lym[p])) * as_cx(x.fm(j)[k]);
-    for (int j = 0; j < nt; ++j) {
-      S accp = S(0), accm = S(0);
-      for (int p = 0; p < nt; ++p) {
-        accp += cmul_conj(tb.T[p][j], lyp[p]);
-        accm += cmul(tb.T[p][j], lym[p]);
-      }
-      l.fp(j)[k] = accp;
-      l.fm(j)[k] = accm;
-    }
+    transposed_products(tb, l, k, ly, lyp, lym);
   }
   if (tg.wanted) {
     for (int a = 0; a < nl; ++a)
